@@ -1,0 +1,104 @@
+"""The frozen target model (HF Llama / Qwen3): prefill, one-forward tree verification, KV compaction."""
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from .head.config import default_tap_layers
+from .tree import DraftTree
+
+DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+class Target:
+    """Batch-1 wrapper owning one KV cache. `length` counts committed tokens in the cache."""
+
+    def __init__(self, model, tokenizer=None, tap_layers: list[int] | None = None):
+        self.model = model.eval().requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.tap_layers = list(tap_layers or default_tap_layers(model.config.num_hidden_layers, 4))
+        self.cache: DynamicCache | None = None
+        self.length = 0
+
+    @classmethod
+    def from_pretrained(cls, path, dtype: str = "bfloat16", device: str = "cpu", tap_layers=None) -> "Target":
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}; got {dtype!r}")
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation="sdpa").to(device)
+        return cls(model, AutoTokenizer.from_pretrained(path), tap_layers)
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def max_length(self) -> int:
+        return int(getattr(self.config, "max_position_embeddings", 2048))
+
+    def check_prompt(self, ids) -> None:
+        if len(ids) == 0:
+            raise ValueError("the prompt is empty")
+        if len(ids) >= self.max_length:
+            raise ValueError(f"the prompt has {len(ids)} tokens; the model's context is {self.max_length}")
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None):
+        out = self.model(input_ids=ids[None], position_ids=positions[None], attention_mask=mask,
+                         past_key_values=self.cache, use_cache=True, output_hidden_states=True)
+        hs = out.hidden_states  # hs[l + 1] is the output of decoder layer l
+        taps = torch.cat([hs[l + 1][0] for l in self.tap_layers], -1)
+        return out.logits[0].float(), taps
+
+    @torch.no_grad()
+    def prefill(self, ids) -> tuple[torch.Tensor, torch.Tensor]:
+        self.check_prompt(ids)
+        self.cache = DynamicCache(config=self.config)
+        ids = torch.as_tensor(ids, dtype=torch.long, device=self.device)
+        out = self._forward(ids, torch.arange(len(ids), device=self.device), None)
+        self.length = len(ids)
+        return out
+
+    @torch.no_grad()
+    def verify(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
+        """All nodes in one forward: node i sees the committed prefix, its ancestors and itself."""
+        dev, n = self.device, len(tree)
+        allow = torch.ones(n, self.length + n, dtype=torch.bool, device=dev)
+        allow[:, self.length:] = tree.ancestor_mask().to(dev)
+        # Float additive mask: the eager attention path mishandles boolean 4D masks.
+        mask = torch.zeros(allow.shape, dtype=self.dtype, device=dev).masked_fill(~allow, torch.finfo(self.dtype).min)
+        ids = torch.tensor(tree.tokens, dtype=torch.long, device=dev)
+        positions = self.length + torch.tensor(tree.depths, dtype=torch.long, device=dev)
+        return self._forward(ids, positions, mask[None, None])
+
+    def commit(self, path: list[int]) -> None:
+        """Keep the KV rows of the accepted nodes (root first) after the prefix; drop the rest of the tree."""
+        keep = torch.cat([torch.arange(self.length), self.length + torch.tensor(path, dtype=torch.long)]).to(self.device)
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(-2, keep)
+            layer.values = layer.values.index_select(-2, keep)
+        self.length += len(path)
+
+    def encode_chat(self, prompt: str, system: str | None = None) -> list[int]:
+        """Token ids of a single-turn chat prompt with the model's own chat template."""
+        if not prompt or not prompt.strip():
+            raise ValueError("the prompt is empty")
+        tok = self.tokenizer
+        if getattr(tok, "chat_template", None):
+            msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+            return list(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+        return tok.encode(prompt)
+
+    def eos_ids(self) -> set[int]:
+        ids = set()
+        for src in (self.config, getattr(self.model, "generation_config", None), self.tokenizer):
+            e = getattr(src, "eos_token_id", None) if src is not None else None
+            ids |= set(e) if isinstance(e, (list, tuple)) else ({e} if e is not None else set())
+        return ids
