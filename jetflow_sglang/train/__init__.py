@@ -1,0 +1,1 @@
+"""Training pipeline for JetFlow draft heads: regeneration (data), teacher features, losses, trainer."""
