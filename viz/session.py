@@ -1,0 +1,108 @@
+"""Per-browser-tab state of the explorer.
+
+Gradio creates one `Session` per tab (gr.State(Session) calls the class for each new tab), so two tabs never
+share rounds, text or the stop flag. It holds plain data only: trees are kept without their draft distributions.
+"""
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+
+from jetflow_sglang.tree import DraftTree
+
+
+@dataclass
+class RoundView:
+    tree: DraftTree
+    path: list[int]
+    new_tokens: list[int]
+    drafted_text: str    # what the round's accepted draft tokens add to the decoded text
+    bonus_text: str      # what the rest (the target's own bonus token) adds
+    n_drafted: int       # how many of new_tokens are accepted draft tokens
+    draft_s: float
+    verify_s: float
+
+
+@dataclass
+class Session:
+    rounds: list[RoundView] = field(default_factory=list)
+    prompt: str = ""
+    drafter: str = ""
+    budget: int = 0
+    stop_requested: bool = False  # set by the Stop button's handler, read by the generator between rounds
+    running: bool = False
+    message: str = ""
+    _decoded: str = ""
+    _first: str = ""  # text of the prefill token
+    _tokens: list[int] = field(default_factory=list)
+
+    def reset(self, prompt: str, drafter: str, budget: int) -> None:
+        self.rounds, self._tokens, self._decoded, self._first = [], [], "", ""
+        self.prompt, self.drafter, self.budget = prompt, drafter, budget
+        self.stop_requested, self.running, self.message = False, True, ""
+
+    def add_prefill(self, new_tokens, decode) -> None:
+        """The token that comes out of prefill: text only, it has no draft tree."""
+        self._tokens += [int(t) for t in new_tokens]
+        self._decoded = self._first = decode(self._tokens)
+
+    def add_round(self, tree: DraftTree, path, new_tokens, draft_s: float, verify_s: float, decode) -> RoundView:
+        """Record one engine Round. `decode(ids) -> str` decodes the whole output so far, so multi-token
+        characters are split correctly; the round's text is what its tokens add to that string."""
+        light = DraftTree(list(tree.tokens), list(tree.parents), list(tree.depths), list(tree.logps))
+        path, new_tokens = [int(i) for i in path], [int(t) for t in new_tokens]
+        # the accepted nodes after the root are draft tokens; what the round commits beyond them came from the target
+        n_drafted = max(0, min(len(path) - 1, len(new_tokens)))
+        mid = decode(self._tokens + new_tokens[:n_drafted]) if n_drafted else self._decoded
+        self._tokens += new_tokens
+        text = decode(self._tokens)
+        # a token that completes a multi-byte character can change the tail of the earlier text: cut by length
+        drafted, bonus = mid[len(self._decoded):], text[len(mid):]
+        self._decoded = text
+        view = RoundView(light, path, new_tokens, drafted, bonus, n_drafted, float(draft_s), float(verify_s))
+        self.rounds.append(view)
+        return view
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self._tokens)
+
+    @property
+    def tokens(self) -> list[int]:
+        return list(self._tokens)
+
+    @property
+    def accept_lengths(self) -> list[int]:
+        return [len(r.new_tokens) for r in self.rounds]
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens committed per verify round (accepted drafts + bonus): the paper's acceptance length.
+        The prefill token is not a round, as in engine.Result.tau."""
+        return sum(self.accept_lengths) / len(self.rounds) if self.rounds else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        busy = sum(r.draft_s + r.verify_s for r in self.rounds)
+        return sum(self.accept_lengths) / busy if busy > 0 else 0.0  # decode speed: the prefill is not timed
+
+    def stats_markdown(self) -> str:
+        if not self.rounds:
+            return "no rounds yet"
+        draft = sum(r.draft_s for r in self.rounds)
+        verify = sum(r.verify_s for r in self.rounds)
+        state = "running" if self.running else ("stopped" if self.stop_requested else "done")
+        return (f"**{state}** · drafter `{self.drafter}` · budget {self.budget} · rounds {len(self.rounds)} · "
+                f"tokens {self.n_tokens} · **tau {self.tau:.2f}** · **{self.tokens_per_s:.1f} tok/s** "
+                f"(draft {draft:.2f}s, verify {verify:.2f}s)")
+
+    def text_html(self, upto: int | None = None) -> str:
+        """The generated text: each round is a span (alternating backgrounds), its accepted draft tokens
+        underlined and the target's bonus token plain; hovering names the round. `upto` marks the scrubbed round."""
+        parts = [f'<span class="jf-first" title="first token, from prefill">{html.escape(self._first)}</span>']
+        for k, r in enumerate(self.rounds, 1):
+            cls = f"jf-r{k % 2}" + (" jf-cur" if k == upto else "")
+            tip = f"round {k}: {r.n_drafted} accepted draft token(s) + {len(r.new_tokens) - r.n_drafted} from the target"
+            parts.append(f'<span class="{cls}" title="{html.escape(tip)}" data-round="{k}">'
+                         f'<span class="jf-acc">{html.escape(r.drafted_text)}</span>{html.escape(r.bonus_text)}</span>')
+        return '<div class="jf-text">' + "".join(parts) + "</div>"
