@@ -1,0 +1,70 @@
+"""Import-time guard: the SGLang names the JETFLOW plugin relies on. SGLang's plugin API is young (the custom
+algorithm registry landed in 0.5.x and still misses methods), so a different release fails here, with the
+pinned version named, instead of deep inside the scheduler."""
+from __future__ import annotations
+
+import importlib
+
+SGLANG_VERSION = "0.5.23"
+
+NAMES = {
+    "sglang.srt.speculative.spec_info": ["SpeculativeAlgorithm", "SpecInputType"],
+    "sglang.srt.speculative.spec_registry": ["CustomSpecAlgo", "get_spec"],
+    "sglang.srt.speculative.base_spec_worker": ["BaseSpecWorker"],
+    "sglang.srt.speculative.ngram_info": ["NgramVerifyInput"],
+    "sglang.srt.speculative.spec_utils": ["move_accept_tokens_to_target_kvcache"],
+    "sglang.kernels.ops.speculative.cache_locs": ["assign_extend_cache_locs_func"],
+    "sglang.srt.managers.utils": ["GenerationBatchResult"],
+    "sglang.srt.managers.overlap_utils": ["FutureMap"],
+    "sglang.srt.model_executor.forward_batch_info": ["ForwardMode", "CaptureHiddenMode"],
+    "sglang.srt.layers.attention.attention_registry": ["ATTENTION_BACKENDS", "register_attention_backend"],
+    "sglang.srt.layers.attention.torch_native_backend": ["TorchNativeAttnBackend"],
+    "sglang.srt.mem_cache.memory_pool": ["KVWriteLoc"],
+    "sglang.srt.arg_groups.choices": ["add_attention_backend_choices", "ATTENTION_BACKEND_CHOICES"],
+    "sglang.srt.runtime_context": ["get_spec"],
+}
+# attributes of classes/objects used by the worker
+ATTRS = {
+    ("sglang.srt.speculative.spec_info", "SpeculativeAlgorithm"): ["register", "from_string"],
+    ("sglang.srt.speculative.spec_registry", "CustomSpecAlgo"): ["handle_server_args", "create_worker"],
+    ("sglang.srt.model_executor.forward_batch_info", "ForwardMode"): ["TARGET_VERIFY", "DECODE"],
+    ("sglang.srt.model_executor.forward_batch_info", "CaptureHiddenMode"): ["FULL"],
+}
+
+
+class SGLangVersionError(ImportError):
+    pass
+
+
+def installed_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sglang")
+    except PackageNotFoundError:
+        return None
+
+
+def check() -> None:
+    """Raise SGLangVersionError naming sglang==0.5.23 when any name the plugin uses is missing."""
+    have = installed_version()
+    if have is None:
+        raise SGLangVersionError(f"the JETFLOW SGLang plugin needs sglang=={SGLANG_VERSION}, which is not installed "
+                                 "(CPU: bash scripts/install_sglang_cpu.sh; GPU: pip install 'jetflow-sglang[sglang]')")
+    missing = []
+    for mod_name, names in NAMES.items():
+        try:
+            mod = importlib.import_module(mod_name)
+        except ImportError as e:
+            if "sgl_kernel" in str(e) or "libcuda" in str(e):
+                raise SGLangVersionError(f"SGLang cannot load its kernels here ({e}); on a CPU machine set "
+                                         "JETFLOW_SGLANG_CPU=1") from e
+            missing.append(f"{mod_name} ({e})")
+            continue
+        missing += [f"{mod_name}.{n}" for n in names if not hasattr(mod, n)]
+    for (mod_name, obj), attrs in ATTRS.items():
+        target = getattr(importlib.import_module(mod_name), obj, None)
+        missing += [f"{mod_name}.{obj}.{a}" for a in attrs if target is not None and not hasattr(target, a)]
+    if missing:
+        raise SGLangVersionError(f"the JETFLOW SGLang plugin is written for sglang=={SGLANG_VERSION} but sglang=={have} "
+                                 f"lacks: {', '.join(missing)}. Install sglang=={SGLANG_VERSION}.")

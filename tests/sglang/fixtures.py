@@ -1,0 +1,94 @@
+"""Tiny, fully local models for the SGLang tests: a random Qwen3 target with a trained byte-level BPE tokenizer and
+chat template, and a JetFlow head for it built with the core's head classes. Built in ~1 s, no network."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. " * 3,
+    "Speculative decoding drafts a tree of tokens and the target verifies them in one forward pass.",
+    "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n",
+    "Once upon a time there was a tiny model that served requests on a CPU.",
+    "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20",
+    "SGLang schedules requests with continuous batching and a radix cache.",
+]
+
+
+def build_tokenizer(out: Path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(vocab_size=376, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(CORPUS * 4, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   bos_token=None, unk_token=None)
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out)
+    return fast
+
+
+def build_tiny_qwen3(out, seed: int = 0) -> Path:
+    """A 4-layer random Qwen3 (hidden 64) saved as an HF folder (fp32 weights)."""
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    out = Path(out)
+    if (out / "config.json").exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(out)
+    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                      tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                      bos_token_id=None, torch_dtype="float32")
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(cfg)
+    with torch.no_grad():  # peakier logits than the default init, so greedy ties (and float noise flips) are rare
+        model.lm_head.weight.mul_(8.0)
+    model.save_pretrained(out)
+    GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id).save_pretrained(out)
+    return out
+
+
+def build_tiny_head(target_dir, out, seed: int = 1) -> Path:
+    """A 1-layer causal JetFlow head tapping layers 1 and 2 of the tiny target, initialised from the target."""
+    from transformers import AutoModelForCausalLM
+
+    from jetflow_sglang.head import JetFlowHead, JetFlowHeadConfig, init_from_target, save_head
+
+    out = Path(out)
+    if (out / "config.json").exists():
+        return out
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+    cfg = JetFlowHeadConfig.for_target(target.config, num_layers=1, n_taps=2, causal=True, block_size=8)
+    cfg.tap_layers = [1, 2]
+    torch.manual_seed(seed)
+    head = init_from_target(JetFlowHead(cfg), target)
+    save_head(head, out, dtype=torch.float32)
+    return out
+
+
+def hf_greedy(model_dir, prompt_ids: list[int], max_new_tokens: int, stop_at_eos: bool = True) -> list[int]:
+    """Plain argmax loop with HF transformers: the losslessness reference (HF generate's min_new_tokens would
+    suppress EOS, so it is no reference for ignore_eos)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    eos = model.config.eos_token_id
+    ids, out = list(prompt_ids), []
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            nxt = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+            out.append(nxt)
+            ids.append(nxt)
+            if stop_at_eos and nxt == eos:
+                break
+    return out
