@@ -1,0 +1,303 @@
+"""Block-distillation trainer for JetFlow heads (causal and bidirectional from the same code).
+
+One training row = one regenerated sequence: its cached target taps are the context, and `blocks` random anchors in
+the continuation region each open a block [anchor, MASK x (B-1)] at positions anchor..anchor+B-1. Slot j predicts the
+token at anchor+j; its teacher is the target distribution at anchor+j-1 on the same sequence. A block sees context rows
+< anchor and (causally or fully) its own slots, never another block, so many blocks train in one forward.
+
+Branch-conditioned blocks (causal heads only): with probability `branch_prob` slots 1..k hold the real tokens y_1..y_k
+(k uniform in 1..B-2) and only slots > k are scored. That is exactly the drafter's conditioned pass, where a MASK query
+follows a node's real ancestor tokens (drafters.HeadDrafter.conditioned_logprobs).
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..head import MASK, JetFlowHead, JetFlowHeadConfig, init_from_target, save_head
+from . import losses as L
+
+
+@dataclass
+class TrainConfig:
+    loss: str = "fkl"
+    gamma: float = 0.0
+    lr: float = 3e-4
+    warmup: int = 30
+    betas: tuple = (0.9, 0.95)
+    weight_decay: float = 0.0
+    clip: float = 1.0
+    seqs: int = 4  # sequences per step
+    blocks: int = 16  # anchors per sequence
+    branch_prob: float = 0.3
+    steps: int = 1000  # upper bound on steps
+    minutes: float = 0.0  # >0: the cosine schedule runs on wall time and training stops there
+    eval_every: int = 100
+    ckpt_every: int = 100
+    log_every: int = 10
+    seed: int = 0
+    device: str = "cpu"
+    autocast: bool = True
+    extra: dict = field(default_factory=dict)
+
+
+def draft_vocab(items: list[dict], size: int, vocab_size: int) -> torch.Tensor:
+    """EAGLE-3-style reduced vocabulary: the `size` most frequent continuation tokens, topped up with the lowest unused
+    ids; returned sorted. A token outside it can never be drafted, so measure its coverage on eval data."""
+    if size <= 0 or size >= vocab_size:
+        return torch.arange(vocab_size)
+    cnt = Counter()
+    for it in items:
+        cnt.update(it["ids"][it["prompt_len"]:].tolist())
+    ids = [t for t, _ in cnt.most_common(size)]
+    chosen = set(ids)
+    fill = (t for t in range(vocab_size) if t not in chosen)
+    ids += [next(fill) for _ in range(size - len(ids))]
+    return torch.tensor(sorted(ids))
+
+
+def make_head(target_model, causal: bool, vocab_ids: torch.Tensor, num_layers: int = 2, n_taps: int = 4,
+              block_size: int = 16) -> JetFlowHead:
+    cfg = JetFlowHeadConfig.for_target(target_model.config, num_layers=num_layers, n_taps=n_taps, causal=causal,
+                                       draft_vocab_size=len(vocab_ids), block_size=block_size)
+    head = JetFlowHead(cfg)
+    init_from_target(head, target_model)
+    head.vocab_ids.copy_(vocab_ids)
+    return head.float().bind(target_model)
+
+
+# ------------------------------------------------------------------------------------------------- batches
+def sample_batch(items: list[dict], rng: random.Random, seqs: int, blocks: int, block_size: int,
+                 branch_prob: float) -> dict:
+    """Pick sequences and anchors; everything a head step needs except the mask flavour."""
+    rows = [items[rng.randrange(len(items))] for _ in range(seqs)]
+    T = max(len(r["ids"]) for r in rows)
+    nt = rows[0]["taps"].shape[1]
+    taps = torch.zeros(seqs, T, nt, dtype=torch.bfloat16)
+    final = torch.zeros(seqs, T, rows[0]["final"].shape[1], dtype=torch.bfloat16)
+    ids = torch.zeros(seqs, T, dtype=torch.long)
+    anchors = torch.zeros(seqs, blocks, dtype=torch.long)
+    lengths = torch.zeros(seqs, dtype=torch.long)
+    for i, r in enumerate(rows):
+        n = len(r["ids"])
+        taps[i, :n], final[i, :n], ids[i, :n], lengths[i] = r["taps"], r["final"], r["ids"], n
+        lo, hi = r["prompt_len"], n - 2  # anchor = a committed continuation token with at least one token after it
+        cand = list(range(lo, hi + 1)) or [max(n - 2, 0)]
+        pick = rng.sample(cand, blocks) if len(cand) >= blocks else [rng.choice(cand) for _ in range(blocks)]
+        anchors[i] = torch.tensor(pick)
+    # branch-conditioned blocks: k real tokens after the anchor (0 = plain MASK block)
+    k = torch.tensor([[rng.randint(1, block_size - 2) if rng.random() < branch_prob else 0 for _ in range(blocks)]
+                      for _ in range(seqs)])
+    k = torch.minimum(k, (lengths[:, None] - 2 - anchors).clamp(min=0))  # real tokens must exist, one slot stays scored
+    return {"taps": taps, "final": final, "ids": ids, "anchors": anchors, "lengths": lengths, "k": k,
+            "block_size": block_size}
+
+
+def head_inputs(b: dict, causal: bool, branch: bool):
+    """tokens/positions [B, S], mask [B, S, T+S], plus the scored-slot index (row, block, depth) and teacher positions."""
+    B, nb = b["anchors"].shape
+    bs, T = b["block_size"], b["ids"].shape[1]
+    j = torch.arange(bs)
+    pos = b["anchors"][..., None] + j  # [B, nb, bs]
+    real = b["ids"].gather(1, pos.clamp(max=T - 1).flatten(1)).view(B, nb, bs)
+    k = b["k"] if branch else torch.zeros_like(b["k"])
+    tokens = torch.where((j == 0) | (j <= k[..., None]), real, torch.full_like(real, MASK))
+    # context: rows < anchor; block: own slots only (lower-triangular when causal)
+    ctx = torch.arange(T)[None, None, None, :] < b["anchors"][..., None, None]  # [B, nb, 1, T]
+    ctx = ctx.expand(B, nb, bs, T)
+    inner = torch.ones(bs, bs, dtype=torch.bool)
+    if causal:
+        inner = inner.tril()
+    eye = torch.eye(nb, dtype=torch.bool)
+    blk = (eye[:, None, :, None] & inner[None, :, None, :]).reshape(nb * bs, nb * bs)  # block-diagonal
+    mask = torch.cat([ctx.reshape(B, nb * bs, T), blk.expand(B, -1, -1)], -1)
+    # scored slots: depth >= 1, inside the sequence, after the real-token prefix
+    scored = (j >= 1) & (pos < b["lengths"][:, None, None]) & (j > k[..., None])
+    return tokens.flatten(1), pos.flatten(1), mask, scored
+
+
+def head_loss(head: JetFlowHead, b: dict, lm_w: torch.Tensor, vocab_map: torch.Tensor, cfg: TrainConfig,
+              branch: bool, device) -> tuple[torch.Tensor, dict]:
+    """Distillation loss of one head on batch `b` and per-depth metrics (teacher-argmax agreement, top-8 hit)."""
+    tokens, pos, mask, scored = head_inputs(b, head.config.causal, branch)
+    B, nb = b["anchors"].shape
+    bs, T = b["block_size"], b["ids"].shape[1]
+    ctx_pos = torch.arange(T, device=device)[None].expand(B, T)
+    with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16, enabled=cfg.autocast):
+        kv = head.context_kv(b["taps"].to(device), ctx_pos)
+        hidden = head(tokens.to(device), pos.to(device), kv, mask.to(device)).view(B, nb, bs, -1)
+    r, blk, d = scored.nonzero(as_tuple=True)
+    h = hidden[r.to(device), blk.to(device), d.to(device)]
+    tpos = (b["anchors"][r, blk] + d - 1)
+    with torch.no_grad():
+        t_logp = (b["final"][r, tpos].to(device).to(lm_w.dtype) @ lm_w.T).float().log_softmax(-1)
+        labels = vocab_map.to(device)[b["ids"][r, tpos + 1].to(device)]
+    s_logits = (h.to(lm_w.dtype) @ lm_w.T).float()
+    per = L.slot_loss(cfg.loss, s_logits, t_logp, labels.clamp(min=0))
+    w = L.depth_weights(d.to(device), cfg.gamma)
+    if cfg.loss == "sft":
+        w = w * (labels >= 0)  # a label outside the draft vocab cannot be learned
+    loss = L.weighted_mean(per, w)
+    with torch.no_grad():
+        agree = (s_logits.argmax(-1) == t_logp.argmax(-1)).float()
+        kl = L.forward_kl(s_logits, t_logp)
+        m = {"loss": loss.item(), "kl": kl.mean().item(), "n": int(len(d))}
+        for depth in (1, 2, 4, 8, 15):
+            sel = d.to(device) == depth
+            if sel.any():
+                m[f"acc{depth}"] = agree[sel].mean().item()
+    return loss, m
+
+
+@torch.no_grad()
+def evaluate(head: JetFlowHead, items: list[dict], lm_w, vocab_map, cfg: TrainConfig, device, blocks: int = 16,
+             width: int = 8) -> dict:
+    """Held-out: KL, depth-1 agreement and an acceptance proxy for MASK blocks.
+
+    tau_w8: 1 + the leading depths whose target-greedy token is in the head's top-8 (the per-depth top-8 tree with no
+    budget limit, as the paper's tree builds it); tau_chain: the same for the head's argmax (a DFlash chain).
+    """
+    head.eval()
+    rng = random.Random(1234)
+    kls, acc1, tw, tc = [], [], [], []
+    bs = head.config.block_size
+    for i in range(0, len(items), cfg.seqs):
+        b = sample_batch(items[i:i + cfg.seqs], rng, min(cfg.seqs, len(items) - i), blocks, bs, 0.0)
+        tokens, pos, mask, scored = head_inputs(b, head.config.causal, False)
+        B, nb = b["anchors"].shape
+        T = b["ids"].shape[1]
+        with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16, enabled=cfg.autocast):
+            kv = head.context_kv(b["taps"].to(device), torch.arange(T, device=device)[None].expand(B, T))
+            hid = head(tokens.to(device), pos.to(device), kv, mask.to(device)).view(B, nb, bs, -1)
+        full = scored[..., 1:].all(-1)  # blocks whose 15 slots all lie inside the sequence
+        for r, blk in full.nonzero().tolist():
+            a = int(b["anchors"][r, blk])
+            s = (hid[r, blk, 1:].to(lm_w.dtype) @ lm_w.T).float()
+            t = (b["final"][r, a:a + bs - 1].to(device).to(lm_w.dtype) @ lm_w.T).float().log_softmax(-1)
+            g = t.argmax(-1)  # the target's greedy token at each depth, along the real sequence
+            on_path = (vocab_map.to(device)[b["ids"][r, a + 1:a + bs].to(device)] == g).long()
+            kls.append(L.forward_kl(s, t).mean().item())
+            acc1.append(float(s[0].argmax() == g[0]))
+            top = s.topk(width, -1).indices
+            hit_w = (top == g[:, None]).any(-1).long() * on_path
+            hit_c = (s.argmax(-1) == g).long() * on_path
+            tw.append(1 + int(hit_w.cumprod(0).sum()))
+            tc.append(1 + int(hit_c.cumprod(0).sum()))
+    head.train()
+    mean = lambda x: sum(x) / max(len(x), 1)  # noqa: E731
+    return {"eval_kl": mean(kls), "eval_acc1": mean(acc1), "tau_w8": mean(tw), "tau_chain": mean(tc),
+            "eval_blocks": len(kls)}
+
+
+# ------------------------------------------------------------------------------------------------- training
+def lr_at(cfg: TrainConfig, step: int, progress: float) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    return cfg.lr * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def train(heads: dict[str, JetFlowHead], target_model, items: list[dict], eval_items: list[dict], cfg: TrainConfig,
+          out_dir, progress: bool = True) -> dict[str, list[dict]]:
+    """Train all `heads` on identical batches, alternating per step; resumes from out_dir/ckpt.pt.
+
+    Returns the evaluation history per head. Logs every `log_every` steps to out_dir/log.jsonl.
+    """
+    from tqdm import tqdm
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    dev = torch.device(cfg.device)
+    target_model.to(dev)
+    vocab_ids = next(iter(heads.values())).vocab_ids
+    for h in heads.values():
+        if not torch.equal(h.vocab_ids, vocab_ids):
+            raise ValueError("heads trained together must share one draft vocabulary")
+        h.to(dev).train()
+    lm_w = target_model.get_output_embeddings().weight.detach()[vocab_ids.to(dev)].contiguous()
+    vocab_map = torch.full((target_model.config.vocab_size,), -1, dtype=torch.long)
+    vocab_map[vocab_ids] = torch.arange(len(vocab_ids))
+    opts = {n: torch.optim.AdamW([p for p in h.parameters() if p.requires_grad], lr=cfg.lr, betas=cfg.betas,
+                                 weight_decay=cfg.weight_decay) for n, h in heads.items()}
+    rng = random.Random(cfg.seed)
+    step, elapsed, history = 0, 0.0, {n: [] for n in heads}
+    ck = out / "ckpt.pt"
+    if ck.exists():
+        st = torch.load(ck, weights_only=False, map_location=dev)
+        for n, h in heads.items():
+            h.load_state_dict(st["heads"][n])
+            opts[n].load_state_dict(st["opts"][n])
+        step, elapsed, history = st["step"], st["elapsed"], st["history"]
+        rng.setstate(st["rng"])
+        print(f"[train] resumed from {ck} at step {step} ({elapsed / 60:.1f} min)", flush=True)
+
+    def save_ckpt():
+        tmp = out / "ckpt.pt.tmp"
+        torch.save({"step": step, "elapsed": elapsed, "history": history, "rng": rng.getstate(),
+                    "heads": {n: h.state_dict() for n, h in heads.items()},
+                    "opts": {n: o.state_dict() for n, o in opts.items()}, "cfg": asdict(cfg)}, tmp)
+        tmp.replace(ck)
+
+    def prog():
+        return elapsed / (cfg.minutes * 60) if cfg.minutes > 0 else step / max(cfg.steps, 1)
+
+    bar = tqdm(total=cfg.steps, initial=step, desc="train", disable=not progress)
+    log = open(out / "log.jsonl", "a")
+    acc: dict[str, list[dict]] = {n: [] for n in heads}
+    while step < cfg.steps and prog() < 1.0:
+        t0 = time.time()
+        b = sample_batch(items, rng, cfg.seqs, cfg.blocks, next(iter(heads.values())).config.block_size,
+                         cfg.branch_prob)
+        lr = lr_at(cfg, step, prog())
+        for n, h in heads.items():
+            for g in opts[n].param_groups:
+                g["lr"] = lr
+            loss, m = head_loss(h, b, lm_w, vocab_map, cfg, branch=h.config.causal and cfg.branch_prob > 0, device=dev)
+            opts[n].zero_grad(set_to_none=True)
+            loss.backward()
+            m["gnorm"] = float(torch.nn.utils.clip_grad_norm_(h.parameters(), cfg.clip))
+            opts[n].step()
+            acc[n].append(m)
+        step += 1
+        elapsed += time.time() - t0
+        bar.update(1)
+        if step % cfg.log_every == 0:
+            for n in heads:
+                rec = {"step": step, "head": n, "lr": lr, "min": round(elapsed / 60, 2)}
+                for key in acc[n][0]:
+                    vals = [m[key] for m in acc[n] if key in m]
+                    rec[key] = round(sum(vals) / len(vals), 4)
+                log.write(json.dumps(rec) + "\n")
+                acc[n] = []
+            log.flush()
+            bar.set_postfix({n: f"{history[n][-1]['tau_w8']:.2f}" if history[n] else "-" for n in heads} |
+                            {"kl": rec["kl"]})
+        if eval_items and (step % cfg.eval_every == 0):
+            for n, h in heads.items():
+                e = {"step": step, "min": round(elapsed / 60, 2), **evaluate(h, eval_items, lm_w, vocab_map, cfg, dev)}
+                history[n].append(e)
+                log.write(json.dumps({"head": n, **e}) + "\n")
+            log.flush()
+        if step % cfg.ckpt_every == 0:
+            save_ckpt()
+    bar.close()
+    if eval_items and (not history[next(iter(heads))] or history[next(iter(heads))][-1]["step"] != step):
+        for n, h in heads.items():
+            e = {"step": step, "min": round(elapsed / 60, 2), **evaluate(h, eval_items, lm_w, vocab_map, cfg, dev)}
+            history[n].append(e)
+            log.write(json.dumps({"head": n, **e}) + "\n")
+    save_ckpt()
+    log.close()
+    return history
+
+
+def export(head: JetFlowHead, out_dir, provenance: dict) -> Path:
+    """Save a trained head (bf16 weights, no embedding / LM head) with its training provenance in config.extra."""
+    head.config.extra = {**head.config.extra, **provenance}
+    return save_head(head, out_dir)
