@@ -24,6 +24,8 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from .tree_mask import dense_allow
 
 NAME = "jetflow_tree"
+# Route CPU tensors through the Triton kernel too (only meaningful under TRITON_INTERPRET=1; used by tests).
+FORCE_TRITON = False
 
 
 @dataclass
@@ -82,7 +84,7 @@ def jetflow_tree_attention(module, query, key, value, attention_mask, dropout=0.
         raise ValueError(f"the layer's K/V hold {key.shape[2]} positions, expected prefix {ctx.prefix_len} + {n} tree "
                          "nodes: set prefix_len to the number of cached tokens before this forward")
     scaling = d ** -0.5 if scaling is None else scaling
-    if query.is_cuda:
+    if query.is_cuda or FORCE_TRITON:
         from .triton_tree_attn import tree_attn_op  # triton only where a GPU is
 
         t = _prepared(ctx, query.device, b, n, "triton")

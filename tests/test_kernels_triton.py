@@ -206,3 +206,43 @@ def test_aot_sm90_shipped_configs():
         if info["dtype"] != "fp32":  # exact fp32 (ieee) has no tensor-core path
             assert info["wgmma"], f"{tag}: no wgmma in the sm_90a PTX"
         assert info["shared"] <= 227 * 1024, f"{tag}: {info['shared']} B shared memory"
+
+
+def test_hf_jetflow_tree_attention_triton_path(seed, monkeypatch):
+    """The CUDA branch of the transformers wiring (cache K/V viewed as one page per request), run on CPU through the
+    interpreter: logits equal eager attention with a float additive mask."""
+    import kernels.hf_tree_attention as hta
+    from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+    from jetflow_sglang.tree import ancestor_mask
+
+    monkeypatch.setattr(hta, "FORCE_TRITON", True)
+    cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=256)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).eval()
+    g = torch.Generator().manual_seed(seed)
+    n, p = 37, 21
+    parents = random_parents(n, g)
+    depths = [0] * n
+    for i in range(1, n):
+        depths[i] = depths[parents[i]] + 1
+    prefix = torch.randint(0, 97, (1, p), generator=g)
+    ids = torch.randint(0, 97, (1, n), generator=g)
+    pos = p + torch.tensor([depths])
+
+    def run(impl, mask, words):
+        model.config._attn_implementation = impl
+        cache = DynamicCache(config=model.config)
+        model(input_ids=prefix, past_key_values=cache, use_cache=True)
+        if words is None:
+            return model(input_ids=ids, position_ids=pos, past_key_values=cache, attention_mask=mask).logits
+        with hta.tree_mask_context(words, p):
+            return model(input_ids=ids, position_ids=pos, past_key_values=cache).logits
+
+    with torch.no_grad():
+        allow = torch.ones(n, p + n, dtype=torch.bool)
+        allow[:, p:] = ancestor_mask(parents)
+        add = torch.zeros(allow.shape).masked_fill(~allow, torch.finfo(torch.float32).min)[None, None]
+        ref = run("eager", add, None)
+        got = run(hta.NAME, None, pack_bits(ancestor_mask(parents)))
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4, msg=f"seed {seed}")
