@@ -29,7 +29,7 @@ def load_head(head_dir, target=None, dtype: torch.dtype | None = None, device=No
     if not (path / "config.json").is_file():
         raise CheckpointError(f"no draft-head checkpoint at {path} (expected config.json and model.safetensors)")
     cfg = JetFlowHeadConfig.load(path / "config.json")
-    model = getattr(target, "model", target)
+    model = target.model if hasattr(target, "tap_layers") else target  # our Target wraps the HF model
     if model is not None:
         cfg.check_target(model.config)  # fail before reading weights
     head = JetFlowHead(cfg)

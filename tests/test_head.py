@@ -1,0 +1,70 @@
+import json
+
+import pytest
+import torch
+
+from jetflow_sglang.head import MASK, CheckpointError, HeadMismatchError, load_head, save_head
+from jetflow_sglang.drafters import make_drafter
+from tests.helpers import tiny_head, tiny_model, tiny_target
+
+torch.set_num_threads(1)
+
+
+def block_logits(head, tokens, n_ctx=12):
+    taps = torch.randn(1, n_ctx, len(head.config.tap_layers) * head.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    kv = head.context_kv(taps, torch.arange(n_ctx)[None])
+    t = torch.tensor([tokens])
+    pos = torch.arange(n_ctx, n_ctx + len(tokens))[None]
+    return head.logits(head(t, pos, kv, head.block_mask(n_ctx, len(tokens))[None]))[0]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_causal_slots_ignore_later_slots_bidirectional_do_not(family):
+    model = tiny_model(family)
+    base = [5] + [MASK] * 15
+    changed = [5] + [MASK] * 9 + [17] + [MASK] * 5  # slot 10 now holds a real token
+    causal, bidir = tiny_head(model, causal=True), tiny_head(model, causal=False)
+    with torch.no_grad():
+        a, b = block_logits(causal, base), block_logits(causal, changed)
+        assert torch.equal(a[:10], b[:10]), "a causal slot must not see later slots"
+        assert not torch.allclose(a[10:], b[10:])
+        a, b = block_logits(bidir, base), block_logits(bidir, changed)
+        assert not torch.allclose(a[:10], b[:10]), "bidirectional slots see every slot"
+
+
+def test_save_load_round_trip_and_drafts(tmp_path):
+    model = tiny_model("qwen3")
+    head = tiny_head(model, draft_vocab_size=40)
+    save_head(head, tmp_path / "h", dtype=torch.float32)
+    loaded = load_head(tmp_path / "h", model)
+    for (k, v), (k2, v2) in zip(head.state_dict().items(), loaded.state_dict().items()):
+        assert k == k2 and torch.equal(v, v2)
+    target = tiny_target("qwen3")
+    target.model = model
+    logits, taps = target.prefill([1, 2, 3, 4])
+    drafter = make_drafter("jetflow", loaded)
+    tree = drafter.draft(drafter.new_state([1, 2, 3, 4], taps), 9, budget=16)
+    assert len(tree) == 16 and all(t in set(loaded.vocab_ids.tolist()) for t in tree.tokens[1:])
+
+
+def test_bad_checkpoints(tmp_path):
+    model = tiny_model("llama")
+    with pytest.raises(CheckpointError, match="no draft-head checkpoint"):
+        load_head(tmp_path / "missing", model)
+    save_head(tiny_head(model), tmp_path / "h")
+    # a head for another target: different vocab
+    with pytest.raises(HeadMismatchError, match="vocab_size"):
+        load_head(tmp_path / "h", tiny_model("llama", vocab=80))
+    with pytest.raises(HeadMismatchError, match="architecture"):
+        load_head(tmp_path / "h", tiny_model("qwen3"))
+    # truncated weights
+    w = tmp_path / "h" / "model.safetensors"
+    w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match="corrupt"):
+        load_head(tmp_path / "h", model)
+    (tmp_path / "h" / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="cannot read"):
+        load_head(tmp_path / "h", model)
+    (tmp_path / "h" / "config.json").write_text(json.dumps({"hidden_size": 3}))
+    with pytest.raises(CheckpointError):
+        load_head(tmp_path / "h", model)
