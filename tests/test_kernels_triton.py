@@ -246,3 +246,18 @@ def test_hf_jetflow_tree_attention_triton_path(seed, monkeypatch):
         ref = run("eager", add, None)
         got = run(hta.NAME, None, pack_bits(ancestor_mask(parents)))
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4, msg=f"seed {seed}")
+
+
+def test_gpu_check_script_dry_run(tmp_path):
+    """scripts/gpu_check_kernels.py end to end on CPU (interpreter, tiny shapes); results go to the given folder."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    res = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", os.path.join(root, "scripts",
+                          "gpu_check_kernels.py"), "--dry-run", "--no-sweep", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=600, cwd=root)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    (js,) = tmp_path.glob("kernels_*.json")
+    data = json.loads(js.read_text())
+    assert data["dry_run"] and all(r["ok"] for r in data["correctness"] + data["hf"])
+    assert {r["dtype"] for r in data["correctness"]} == {"float32", "float16"}
+    assert all(r["tree_ms"] > 0 and r["causal_ms"] > 0 for r in data["speed"])
+    assert js.with_suffix(".md").exists()
