@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import threading
+import time
 import traceback
 from pathlib import Path
 
@@ -39,6 +40,7 @@ EXAMPLES = {
     "chat": "What are three good habits for getting better sleep? Answer in a short list.",
 }
 MAX_BUDGET, MAX_TOKENS = 256, 1024
+UPDATE_EVERY_S = 0.25
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "bench" / "results"
 CSS = """
 .jf-text {white-space: pre-wrap; font-family: ui-monospace, monospace; font-size: 14px; line-height: 1.6;
@@ -138,7 +140,8 @@ def build(models: Models, results_dir: Path = RESULTS_DIR) -> gr.Blocks:
 
     def view(s: Session, k: int | None = None):
         k = len(s.rounds) if k is None else k
-        scrub = gr.Slider(minimum=1, maximum=max(1, len(s.rounds)), value=max(1, k), step=1,
+        # minimum 0: Gradio refuses a slider with minimum == maximum, which one round would give
+        scrub = gr.Slider(minimum=0, maximum=max(1, len(s.rounds)), value=max(1, k), step=1,
                           interactive=bool(s.rounds) and not s.running)
         return (tree_of(s, k), s.text_html(k if not s.running else None), s.stats_markdown(),
                 F.accept_histogram(s.accept_lengths), scrub, s)
@@ -151,15 +154,20 @@ def build(models: Models, results_dir: Path = RESULTS_DIR) -> gr.Blocks:
             d = models.drafter(drafter)
             ids = models.target.encode_chat(prompt)
             s.reset(prompt, drafter, budget)
+            last = 0.0
             for rnd in generate(models.target, d, ids, max_new_tokens=max_tokens, budget=budget,
                                 temperature=temperature, eos_ids=models.eos_ids):
                 if rnd.tree is None:  # the prefill token: text only, no tree
                     s.add_prefill(rnd.new_tokens, models.decode)
                     continue
                 s.add_round(rnd.tree, rnd.path, rnd.new_tokens, rnd.draft_s, rnd.verify_s, models.decode)
-                yield view(s)
                 if s.stop_requested:
                     break
+                # Fast rounds (AR on a small model: a few ms) would flood the browser with plots: send at most
+                # one update per UPDATE_EVERY_S; the final state always goes out below.
+                if time.perf_counter() - last >= UPDATE_EVERY_S:
+                    yield view(s)
+                    last = time.perf_counter()
         except Exception as e:
             s.running = False
             raise _fail(e)
@@ -199,6 +207,9 @@ def build(models: Models, results_dir: Path = RESULTS_DIR) -> gr.Blocks:
         cols = ["dataset", "drafter", "budget", "tau", "speedup", "tokens_per_s"]
         return [[r.get(c) for c in cols] for r in rows]
 
+    def result_choices():
+        return [(Path(p).name, p) for p in list_results(results_dir)]
+
     def load_file(path):
         if not path:
             raise gr.Error(f"No result file chosen (looked in {results_dir}).")
@@ -210,7 +221,9 @@ def build(models: Models, results_dir: Path = RESULTS_DIR) -> gr.Blocks:
 
     available = models.available()
     with gr.Blocks(title="JetFlow tree explorer") as demo:
-        state = gr.State(Session)  # called once per tab: each tab gets its own Session
+        # A factory (not a Session instance, which Gradio would deep-copy; not the class, which it would treat
+        # as a dataclass value): Gradio calls it once per tab, so each tab gets its own Session.
+        state = gr.State(lambda: Session())
         gr.Markdown("# JetFlow tree explorer\nEach round the drafter proposes a token tree; the target verifies "
                     "all of it in one forward and keeps the longest path it agrees with.")
         gr.Markdown(models.banner(), elem_id="jf-banner")
@@ -234,7 +247,7 @@ def build(models: Models, results_dir: Path = RESULTS_DIR) -> gr.Blocks:
             text = gr.HTML('<div class="jf-text"></div>', elem_id="jf-text")
             tree_plot = gr.Plot(label="draft tree (accepted path outlined in red, rejected branches dimmed)",
                                 elem_id="jf-tree")
-            scrubber = gr.Slider(1, 1, value=1, step=1, label="round", interactive=False, elem_id="jf-round")
+            scrubber = gr.Slider(0, 1, value=1, step=1, label="round", interactive=False, elem_id="jf-round")
             hist = gr.Plot(label="accept-length histogram", elem_id="jf-hist")
         with gr.Tab("Budget sweep"):
             gr.Markdown(f"Runs the prompt from the Live tab at budgets {list(BUDGETS)} for each chosen drafter, plus "
@@ -252,7 +265,7 @@ def build(models: Models, results_dir: Path = RESULTS_DIR) -> gr.Blocks:
                                        label="results", interactive=False)
             gr.Markdown(f"### Benchmark results\nFiles written by `scripts/bench_tau.py` into `{results_dir}`.")
             with gr.Row():
-                files = gr.Dropdown(list_results(results_dir), label="result file", elem_id="jf-results")
+                files = gr.Dropdown(result_choices(), label="result file", elem_id="jf-results")
                 refresh = gr.Button("refresh list", size="sm")
                 load_btn = gr.Button("load", size="sm", elem_id="jf-load")
 
@@ -268,7 +281,7 @@ def build(models: Models, results_dir: Path = RESULTS_DIR) -> gr.Blocks:
         sweep_btn.click(run_sweep, [prompt, sweep_drafters, sweep_tokens, temperature, state], [sweep_plot, sweep_table],
                         concurrency_id="model", concurrency_limit=1, api_visibility="private")
         sweep_stop.click(request_stop, state, None, api_visibility="private")
-        refresh.click(lambda: gr.Dropdown(choices=list_results(results_dir)), None, files, api_visibility="private")
+        refresh.click(lambda: gr.Dropdown(choices=result_choices()), None, files, api_visibility="private")
         load_btn.click(load_file, files, [sweep_plot, sweep_table], api_visibility="private")
         del gen_event
     return demo
