@@ -21,7 +21,7 @@ NAMES = {
     "sglang.srt.layers.attention.torch_native_backend": ["TorchNativeAttnBackend"],
     "sglang.srt.mem_cache.memory_pool": ["KVWriteLoc"],
     "sglang.srt.arg_groups.choices": ["add_attention_backend_choices", "ATTENTION_BACKEND_CHOICES"],
-    "sglang.srt.runtime_context": ["get_spec"],
+    "sglang.srt.arg_groups.overrides": ["resolving_view"],
 }
 # attributes of classes/objects used by the worker
 ATTRS = {

@@ -78,12 +78,27 @@ def _create_backend(runner):
     return TreeTorchNativeAttnBackend(runner)
 
 
+def _register_head_config() -> None:
+    """SGLang reads --speculative-draft-model-path/config.json with transformers' AutoConfig while resolving its
+    arguments; a JetFlow head folder says model_type "jetflow_head", so transformers must know that name."""
+    from transformers import AutoConfig, PretrainedConfig
+
+    class JetFlowHeadHFConfig(PretrainedConfig):
+        model_type = "jetflow_head"
+
+    try:
+        AutoConfig.register("jetflow_head", JetFlowHeadHFConfig)
+    except ValueError:  # already registered in this process
+        pass
+
+
 def register() -> None:
     if cpu_ops.enabled():
         cpu_ops.install()
     from .compat import check
 
     check()
+    _register_head_config()
     from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS, register_attention_backend
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm

@@ -20,17 +20,20 @@ from __future__ import annotations
 
 import logging
 import os
+import types
 from dataclasses import dataclass, field
 
 import torch
 
 from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
+from sglang.srt.arg_groups.overrides import resolving_view
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
 
 from ..drafters import make_drafter
+from ..tree import DraftTree
 from ..verify import greedy_accept, process_logits, sample_accept
 from .verify_input import JetFlowVerifyInput, pack_trees
 
@@ -51,10 +54,11 @@ class _TargetView:
     def __init__(self, model, hf_config):
         self.config = hf_config
         self._model = model
-        emb = model.model.embed_tokens.weight
-        self._emb = torch.nn.Embedding.from_pretrained(emb, freeze=True)  # shares the weight, plain 2-D-safe lookup
-        self._emb.weight = emb
-        self._lm = model.lm_head
+        # SGLang pads vocab-parallel weights (376 -> 384 rows); views of the real rows share the target's memory.
+        v = hf_config.vocab_size
+        self._emb = torch.nn.Embedding(v, hf_config.hidden_size, _weight=model.model.embed_tokens.weight[:v],
+                                       _freeze=True)
+        self._lm = types.SimpleNamespace(weight=model.lm_head.weight[:v])
 
     def get_input_embeddings(self):
         return self._emb
@@ -84,10 +88,11 @@ class JetFlowWorker(BaseSpecWorker):
         self._draft_worker = None
         self.model_runner = target_worker.model_runner
         self.device = self.model_runner.device
-        self.n = int(server_args.speculative_num_draft_tokens)
+        cfg = resolving_view(server_args)  # the resolved arguments (the plugin's defaults included)
+        self.n = int(cfg.speculative_num_draft_tokens)
         self.reqs: dict[str, _Req] = {}
 
-        head_dir = server_args.speculative_draft_model_path
+        head_dir = cfg.speculative_draft_model_path
         name = os.environ.get("JETFLOW_DRAFTER") or ("jetflow" if head_dir else "ngram")
         head = None
         if name in HEAD_DRAFTERS:
@@ -198,8 +203,13 @@ class JetFlowWorker(BaseSpecWorker):
         for i, req in enumerate(batch.reqs):
             r = self._request(req, seq_lens[i])
             states.append(r)
-            trees.append(self.drafter.draft(r.state, int(req.output_ids[-1]), n,
-                                            temperature=0.0 if greedy[i] else temps[i], generator=r.generator))
+            anchor = int(req.output_ids[-1])
+            try:
+                trees.append(self.drafter.draft(r.state, anchor, n, temperature=0.0 if greedy[i] else temps[i],
+                                                generator=r.generator))
+            except Exception:  # a drafting bug must not take the server down: verify the root alone (plain decode)
+                logger.exception("JETFLOW drafter failed for request %s; decoding this round without a draft", req.rid)
+                trees.append(DraftTree.root(anchor))
 
         tokens, mask, positions, r_index, r_next, r_sib = pack_trees(trees, n, seq_lens, self.full_mask, self.device)
         batch.forward_mode = ForwardMode.TARGET_VERIFY

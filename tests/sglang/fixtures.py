@@ -47,12 +47,12 @@ def build_tiny_qwen3(out, seed: int = 0) -> Path:
     tok = build_tokenizer(out)
     cfg = Qwen3Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                      tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                      tie_word_embeddings=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                       bos_token_id=None, torch_dtype="float32")
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(cfg)
-    with torch.no_grad():  # peakier logits than the default init, so greedy ties (and float noise flips) are rare
-        model.lm_head.weight.mul_(8.0)
+    with torch.no_grad():  # wider logit gaps than the default init, so float noise cannot flip a greedy choice;
+        model.lm_head.weight.mul_(4.0)  # untied, so the model does not just repeat its last token
     model.save_pretrained(out)
     GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id).save_pretrained(out)
     return out

@@ -1,0 +1,76 @@
+"""Start and stop real SGLang servers on 127.0.0.1 for the tests (always killed, whole process group)."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+MEMORY_FLAGS = ["--max-total-tokens", "4096", "--max-running-requests", "4"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, model: str, args: list[str], log: Path, env: dict | None = None, timeout: float = 420):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--device", "cpu",
+               "--host", "127.0.0.1", "--port", str(self.port), *MEMORY_FLAGS, *args]
+        full_env = {**os.environ, "JETFLOW_SGLANG_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+                    **(env or {})}
+        self.log = log
+        self._log_f = open(log, "w")
+        self.proc = subprocess.Popen(cmd, stdout=self._log_f, stderr=subprocess.STDOUT, env=full_env,
+                                     start_new_session=True)
+        self.timeout = timeout
+
+    def wait_ready(self) -> "Server":
+        deadline = time.time() + self.timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sglang server exited ({self.proc.returncode}):\n{self.tail()}")
+            try:
+                if requests.get(self.url + "/model_info", timeout=2).ok and \
+                        requests.get(self.url + "/health", timeout=5).ok:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(1.0)
+        self.stop()
+        raise TimeoutError(f"sglang server not ready in {self.timeout} s:\n{self.tail()}")
+
+    def tail(self, n: int = 60) -> str:
+        self._log_f.flush()
+        return "\n".join(Path(self.log).read_text(errors="replace").splitlines()[-n:])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=30)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait(timeout=10)
+        self._log_f.close()
+
+    # -- requests --------------------------------------------------------------------------------------------
+    def generate(self, timeout: float = 300, **body) -> dict:
+        r = requests.post(self.url + "/generate", json=body, timeout=timeout)
+        r.raise_for_status()
+        return r.json()
+
+    def post(self, path: str, body: dict, timeout: float = 300) -> requests.Response:
+        return requests.post(self.url + path, json=body, timeout=timeout)
