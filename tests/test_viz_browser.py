@@ -125,7 +125,7 @@ def open_page(browser, url):
 
 def choose(page, elem_id, label):
     page.locator(f"#{elem_id} input").click()
-    page.get_by_role("option", name=label).click()
+    page.get_by_role("option", name=label, exact=True).click()
 
 
 def set_slider(page, elem_id, value):

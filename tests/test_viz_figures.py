@@ -115,3 +115,39 @@ def test_sweep_figure_is_tolerant_of_partial_rows():
     assert list(jet_tau.x) == [1, 16, 64] and list(jet_tau.y) == pytest.approx([1 + 1 / 64, 1.25, 2.0])
     assert list(jet_speed.y) == pytest.approx([1 + 1 / 128, 1.125, 1.5])
     assert list(by[("ngram", "x")].x) == [16] and ("ngram", "x2") not in by
+
+
+def test_session_splits_text_by_round_and_computes_tau():
+    from viz.session import Session
+
+    vocab = {1: "a", 2: "b", 3: "c", 4: " d", 5: "<&>"}
+    decode = lambda ids: "".join(vocab[i] for i in ids)
+    s = Session()
+    s.reset("p", "jetflow", 8)
+    s.add_prefill([1], decode)
+    t = best_first(1, per_depth([[2, 3]] * 3, [[-0.1, -2.0]] * 3), budget=6, width=2, max_depth=3)
+    path = t.path_to(max(i for i in range(len(t)) if t.tokens[i] == 2 and t.depths[i] == 2))
+    s.add_round(t, path, [2, 2, 4], 0.1, 0.2, decode)     # two drafted tokens accepted, bonus " d"
+    s.add_round(DraftTree.root(4), [0], [5], 0.0, 0.3, decode)  # nothing drafted: the target's token only
+    assert [r.n_drafted for r in s.rounds] == [2, 0]
+    assert (s.rounds[0].drafted_text, s.rounds[0].bonus_text) == ("bb", " d")
+    assert s.tau == pytest.approx(2.0) and s.tokens_per_s == pytest.approx(4 / 0.6)
+    assert s.rounds[0].tree.child_probs is None and len(s.rounds[0].tree) == len(t)
+    page = s.text_html()
+    assert '<span class="jf-acc">bb</span> d' in page and "&lt;&amp;&gt;" in page and "<&>" not in page
+
+
+def test_load_results_accepts_common_layouts(tmp_path):
+    from viz.sweep import list_results, load_results
+
+    rows = [dict(dataset="d", drafter="jetflow", budget=16, tau=2.0, speedup=1.5)]
+    (tmp_path / "a.json").write_text(__import__("json").dumps(rows))
+    (tmp_path / "b.json").write_text(__import__("json").dumps({"rows": rows + [{"drafter": "x"}]}))
+    (tmp_path / "c.json").write_text(__import__("json").dumps({k: [v] for k, v in rows[0].items()}))
+    (tmp_path / "bad.json").write_text("{not json")
+    assert list_results(tmp_path) == [str(tmp_path / f) for f in ("a.json", "b.json", "bad.json", "c.json")]
+    for f in ("a.json", "b.json", "c.json"):
+        assert load_results(tmp_path / f) == rows
+    with pytest.raises(ValueError, match="cannot read"):
+        load_results(tmp_path / "bad.json")
+    assert list_results(tmp_path / "missing") == []

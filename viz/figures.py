@@ -82,7 +82,10 @@ def tree_figure(tree: DraftTree, path: Sequence[int] | None = None,
     edges = [(p, i) for i, p in enumerate(tree.parents) if p >= 0]
     ex, ey = _edge_xy(pos, [e for e in edges if e not in path_edges])
     px, py = _edge_xy(pos, [e for e in edges if e in path_edges])
-    size = 22 if n <= 40 else 14 if n <= 128 else 9
+    # one row per leaf: size the plot by leaves and the markers by the row pitch, so siblings do not overlap
+    leaves = sum(1 for i in range(n) if not tree.children(i))
+    height = max(360, min(1000, 22 * leaves + 100))
+    size = max(5.0, min(22.0, 0.8 * (height - 100) / max(1, leaves)))
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", name=EDGES, hoverinfo="skip",
                              line=dict(color=DIM_EDGE, width=1)))
@@ -91,7 +94,7 @@ def tree_figure(tree: DraftTree, path: Sequence[int] | None = None,
     fig.add_trace(go.Scatter(
         x=[pos[i][0] for i in range(n)], y=[pos[i][1] for i in range(n)], mode="markers+text",
         name=NODES, text=labels, textposition="middle right", hovertext=hover, hoverinfo="text",
-        textfont=dict(size=11 if n <= 64 else 9),
+        textfont=dict(size=11 if size >= 14 else 9),
         marker=dict(size=size, color=prob, colorscale="Viridis", cmin=0.0, cmax=1.0,
                     opacity=[1.0 if (i in on_path or not path) else 0.35 for i in range(n)],
                     colorbar=dict(title=dict(text="draft p"), thickness=12, len=0.6),
@@ -103,7 +106,7 @@ def tree_figure(tree: DraftTree, path: Sequence[int] | None = None,
         marker=dict(size=size + 6, color="rgba(0,0,0,0)", line=dict(color=ACCEPT, width=3))))
     fig.update_layout(
         title=title, showlegend=False, plot_bgcolor="white", margin=dict(l=10, r=10, t=40 if title else 10, b=30),
-        height=max(360, min(900, 16 * sum(1 for i in range(n) if not tree.children(i)) + 80)),
+        height=height,
         xaxis=dict(title="depth", dtick=1, zeroline=False, showgrid=True, gridcolor="#eee"),
         yaxis=dict(visible=False), hoverlabel=dict(font_size=12))
     return fig
