@@ -73,18 +73,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def app(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("viz")
-    target, head = build_tiny(tmp)
-    results = tmp / "results"
-    results.mkdir()
-    rows = [dict(dataset="gsm8k", drafter=d, budget=b, tau=1 + b ** 0.5 / k, speedup=1 + b ** 0.5 / (2 * k))
-            for k, d in ((2, "jetflow"), (4, "ddtree")) for b in (1, 16, 32, 64, 128, 256)]
-    (results / "tau_gsm8k.json").write_text(json.dumps(rows))
-    (results / "broken.json").write_text(json.dumps([{"note": "no budget in this row"}]))
+def start_app(tmp: Path, target: Path, head: Path, results: Path, name: str):
+    """The explorer in a subprocess on a free port; returns (process, url, log file)."""
     port = free_port()
-    log = open(tmp / "app.log", "w")
+    log = open(tmp / f"{name}.log", "w")
     env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", OMP_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-m", "viz", "--target", str(target), "--head", str(head),
                              "--dtype", "float32", "--port", str(port), "--threads", "1", "--results", str(results)],
@@ -94,18 +86,40 @@ def app(tmp_path_factory):
     while True:
         try:
             urllib.request.urlopen(url, timeout=2)
-            break
+            return proc, url, log
         except OSError:
             if proc.poll() is not None or time.time() > deadline:
                 proc.kill()
-                raise RuntimeError(f"the explorer did not start:\n{(tmp / 'app.log').read_text()[-3000:]}")
+                raise RuntimeError(f"the explorer did not start:\n{(tmp / f'{name}.log').read_text()[-3000:]}")
             time.sleep(0.5)
-    yield url, tmp
+
+
+def stop_app(proc, log):
     proc.terminate()
     proc.wait(timeout=30)
     log.close()
-    shots = sorted(str(p) for p in tmp.glob("*.png"))
-    print(f"\nexplorer screenshots: {shots}")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("viz")
+    target, head = build_tiny(tmp)
+    results = tmp / "results"
+    results.mkdir()
+    rows = [dict(dataset="gsm8k", drafter=d, budget=b, tau=1 + b ** 0.5 / k, speedup=1 + b ** 0.5 / (2 * k))
+            for k, d in ((2, "jetflow"), (4, "ddtree")) for b in (1, 16, 32, 64, 128, 256)]
+    (results / "tau_gsm8k.json").write_text(json.dumps(rows))
+    (results / "broken.json").write_text(json.dumps([{"note": "no budget in this row"}]))
+    yield tmp, target, head, results
+    print(f"\nexplorer screenshots: {sorted(str(p) for p in tmp.glob('*.png'))}")
+
+
+@pytest.fixture(scope="module")
+def app(tiny):
+    tmp, target, head, results = tiny
+    proc, url, log = start_app(tmp, target, head, results, "app")
+    yield url, tmp
+    stop_app(proc, log)
 
 
 @pytest.fixture(scope="module")
@@ -187,8 +201,8 @@ def test_bad_input_shows_a_message_not_a_traceback(app, browser):
     page = open_page(browser, url)
     page.locator("#jf-prompt textarea").fill("   ")
     page.locator("#jf-generate").click()
-    msg = page.get_by_text("The prompt is empty")
-    msg.first.wait_for(timeout=30_000)
+    page.wait_for_function("document.querySelector('#jf-stats').innerText.includes('The prompt is empty')",
+                           timeout=30_000)
     assert "Traceback" not in page.content()
     page.screenshot(path=str(out / "explorer_error.png"))
     page.close()
@@ -230,7 +244,8 @@ def test_sweep_panel_runs_and_loads_results(app, browser):
     page.get_by_role("tab", name="Budget sweep").click()
     choose(page, "jf-results", "broken.json")  # a file without rows: a message, not a crash
     page.locator("#jf-load").click()
-    page.get_by_text("no rows with a budget").first.wait_for(timeout=30_000)
+    page.wait_for_function("document.querySelector('#jf-sweep-msg').innerText.includes('no rows with a budget')",
+                           timeout=30_000)
     choose(page, "jf-results", "tau_gsm8k.json")
     page.locator("#jf-load").click()
     page.wait_for_function("""() => { const el = document.querySelector('#jf-sweep-plot .js-plotly-plot');
@@ -246,3 +261,23 @@ def test_sweep_panel_runs_and_loads_results(app, browser):
         return t && t.length == 2 && t[0].x.length == 6 }""", timeout=120_000)
     page.screenshot(path=str(out / "explorer_sweep.png"), full_page=True)
     page.close()
+
+
+def test_missing_head_still_runs_with_ngram_and_says_so(tiny, browser):
+    tmp, target, _, results = tiny
+    proc, url, log = start_app(tmp, target, tmp / "no-such-head", results, "app_nohead")
+    try:
+        page = open_page(browser, url)
+        assert "draft head missing" in page.locator("#jf-banner").inner_text()
+        page.locator("#jf-drafter input").click()
+        options = [o.get_attribute("aria-label") for o in page.get_by_role("option").all()]
+        assert options == ["n-gram (prompt lookup)", "autoregressive"], options
+        page.keyboard.press("Escape")
+        page.locator("#jf-ex-chat").click()
+        set_slider(page, "jf-max-tokens", 16)
+        info = generate_and_wait(page)
+        assert info["nodes"] >= 1 and info["path"][0] == 0
+        page.screenshot(path=str(tmp / "explorer_no_head.png"), full_page=True)
+        page.close()
+    finally:
+        stop_app(proc, log)

@@ -99,33 +99,43 @@ class Models:
         return "  \n".join(lines)
 
 
+class InputError(ValueError):
+    """Bad input from the page: shown as a message, never as a traceback."""
+
+
 def check_inputs(models: Models, prompt, drafter, budget, temperature, max_tokens) -> tuple[str, int, float, int]:
-    """Raise gr.Error (shown in the page) for anything the engine would reject, before touching the model."""
+    """Reject, before touching the model, anything the engine would reject."""
     if not isinstance(prompt, str) or not prompt.strip():
-        raise gr.Error("The prompt is empty: type one or pick an example.")
+        raise InputError("The prompt is empty: type one or pick an example.")
     if drafter not in dict((v, k) for k, v in DRAFTERS):
-        raise gr.Error(f"Unknown drafter {drafter!r}.")
+        raise InputError(f"Unknown drafter {drafter!r}.")
     if drafter not in models.available():
-        raise gr.Error(f"The {drafter} drafter needs the draft head, which is not loaded ({models.head_error}).")
+        raise InputError(f"The {drafter} drafter needs the draft head, which is not loaded ({models.head_error}).")
     try:
         budget, temperature, max_tokens = int(budget), float(temperature), int(max_tokens)
     except (TypeError, ValueError):
-        raise gr.Error("Budget, temperature and max tokens must be numbers.")
+        raise InputError("Budget, temperature and max tokens must be numbers.")
     if not 1 <= budget <= MAX_BUDGET:
-        raise gr.Error(f"Budget must be between 1 and {MAX_BUDGET} nodes; got {budget}.")
+        raise InputError(f"Budget must be between 1 and {MAX_BUDGET} nodes; got {budget}.")
     if not 0.0 <= temperature <= 2.0:
-        raise gr.Error(f"Temperature must be between 0 and 2; got {temperature}.")
+        raise InputError(f"Temperature must be between 0 and 2; got {temperature}.")
     if not 1 <= max_tokens <= MAX_TOKENS:
-        raise gr.Error(f"Max tokens must be between 1 and {MAX_TOKENS}; got {max_tokens}.")
+        raise InputError(f"Max tokens must be between 1 and {MAX_TOKENS}; got {max_tokens}.")
     return drafter, budget, temperature, max_tokens
 
 
-def _fail(e: Exception) -> gr.Error:
-    """A clean message for the page; the traceback goes to the server log only."""
-    if isinstance(e, gr.Error):
-        return e
-    traceback.print_exc()
-    return gr.Error(str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}")
+def notice(e: Exception) -> str:
+    """Turn an exception into a message for the page (a toast plus the returned markdown); any traceback goes
+    to the server log only. Raising gr.Error instead would also paint an error badge over every output."""
+    if isinstance(e, InputError):
+        msg = str(e)
+    elif isinstance(e, ValueError):  # the engine's own checks: budgets, prompts too long for the context, ...
+        msg = f"Rejected: {e}"
+    else:
+        traceback.print_exc()
+        msg = f"Generation failed ({type(e).__name__}: {e}); details are in the server log."
+    gr.Warning(msg)
+    return f"⚠️ {msg}"
 
 
 def build(models: Models, results_dir: Path = RESULTS_DIR) -> gr.Blocks:
@@ -147,9 +157,15 @@ def build(models: Models, results_dir: Path = RESULTS_DIR) -> gr.Blocks:
                 F.accept_histogram(s.accept_lengths), scrub, s)
 
     def run_generation(prompt, drafter, budget, temperature, max_tokens, s: Session):
-        drafter, budget, temperature, max_tokens = check_inputs(models, prompt, drafter, budget, temperature, max_tokens)
-        if not models.lock.acquire(timeout=600):
-            raise gr.Error("The model is busy with another tab's run; try again shortly.")
+        keep = (gr.skip(),) * 2
+        try:
+            drafter, budget, temperature, max_tokens = check_inputs(models, prompt, drafter, budget, temperature,
+                                                                    max_tokens)
+            if not models.lock.acquire(timeout=600):
+                raise InputError("The model is busy with another tab's run; try again shortly.")
+        except Exception as e:
+            yield keep + (notice(e),) + (gr.skip(),) * 3
+            return
         try:
             d = models.drafter(drafter)
             ids = models.target.encode_chat(prompt)
@@ -170,7 +186,8 @@ def build(models: Models, results_dir: Path = RESULTS_DIR) -> gr.Blocks:
                     last = time.perf_counter()
         except Exception as e:
             s.running = False
-            raise _fail(e)
+            yield keep + (notice(e),) + (gr.skip(),) * 3
+            return
         finally:
             models.lock.release()
         s.running = False
@@ -184,12 +201,15 @@ def build(models: Models, results_dir: Path = RESULTS_DIR) -> gr.Blocks:
         return tree_of(s, k), s.text_html(int(k))
 
     def run_sweep(prompt, drafters, max_tokens, temperature, s: Session, progress=gr.Progress()):
-        if not drafters:
-            raise gr.Error("Pick at least one drafter for the sweep.")
-        for d in drafters:
-            check_inputs(models, prompt, d, 1, temperature, max_tokens)
-        if not models.lock.acquire(timeout=600):
-            raise gr.Error("The model is busy with another tab's run; try again shortly.")
+        try:
+            if not drafters:
+                raise InputError("Pick at least one drafter for the sweep.")
+            for d in drafters:
+                check_inputs(models, prompt, d, 1, temperature, max_tokens)
+            if not models.lock.acquire(timeout=600):
+                raise InputError("The model is busy with another tab's run; try again shortly.")
+        except Exception as e:
+            return gr.skip(), gr.skip(), notice(e)
         s.stop_requested = False
         try:
             ids = models.target.encode_chat(prompt)
@@ -198,10 +218,11 @@ def build(models: Models, results_dir: Path = RESULTS_DIR) -> gr.Blocks:
                          progress=lambda k, n, what: progress((k, n), desc=what),
                          should_stop=lambda: s.stop_requested)
         except Exception as e:
-            raise _fail(e)
+            return gr.skip(), gr.skip(), notice(e)
         finally:
             models.lock.release()
-        return F.sweep_figure(rows, title="this prompt"), table(rows)
+        done = "stopped" if s.stop_requested else "done"
+        return F.sweep_figure(rows, title="this prompt"), table(rows), f"{done}: {len(rows)} runs"
 
     def table(rows):
         cols = ["dataset", "drafter", "budget", "tau", "speedup", "tokens_per_s"]
@@ -211,13 +232,13 @@ def build(models: Models, results_dir: Path = RESULTS_DIR) -> gr.Blocks:
         return [(Path(p).name, p) for p in list_results(results_dir)]
 
     def load_file(path):
-        if not path:
-            raise gr.Error(f"No result file chosen (looked in {results_dir}).")
         try:
+            if not path:
+                raise InputError(f"No result file chosen (looked in {results_dir}).")
             rows = load_results(path)
         except ValueError as e:
-            raise gr.Error(str(e))
-        return F.sweep_figure(rows, title=Path(path).name), table(rows)
+            return gr.skip(), gr.skip(), notice(InputError(str(e)))
+        return F.sweep_figure(rows, title=Path(path).name), table(rows), f"loaded {len(rows)} rows from {Path(path).name}"
 
     available = models.available()
     with gr.Blocks(title="JetFlow tree explorer") as demo:
@@ -260,6 +281,7 @@ def build(models: Models, results_dir: Path = RESULTS_DIR) -> gr.Blocks:
             with gr.Row():
                 sweep_btn = gr.Button("Run sweep", variant="primary", elem_id="jf-sweep")
                 sweep_stop = gr.Button("Stop", variant="stop")
+            sweep_msg = gr.Markdown("", elem_id="jf-sweep-msg")
             sweep_plot = gr.Plot(label="tau and speedup vs budget", elem_id="jf-sweep-plot")
             sweep_table = gr.Dataframe(headers=["dataset", "drafter", "budget", "tau", "speedup", "tokens/s"],
                                        label="results", interactive=False)
@@ -278,11 +300,11 @@ def build(models: Models, results_dir: Path = RESULTS_DIR) -> gr.Blocks:
                       concurrency_id="model", concurrency_limit=1, api_visibility="private")
         stop_btn.click(request_stop, state, stats, api_visibility="private")
         scrubber.input(scrub, [scrubber, state], [tree_plot, text], api_visibility="private")
-        sweep_btn.click(run_sweep, [prompt, sweep_drafters, sweep_tokens, temperature, state], [sweep_plot, sweep_table],
+        sweep_btn.click(run_sweep, [prompt, sweep_drafters, sweep_tokens, temperature, state], [sweep_plot, sweep_table, sweep_msg],
                         concurrency_id="model", concurrency_limit=1, api_visibility="private")
         sweep_stop.click(request_stop, state, None, api_visibility="private")
         refresh.click(lambda: gr.Dropdown(choices=result_choices()), None, files, api_visibility="private")
-        load_btn.click(load_file, files, [sweep_plot, sweep_table], api_visibility="private")
+        load_btn.click(load_file, files, [sweep_plot, sweep_table, sweep_msg], api_visibility="private")
         del gen_event
     return demo
 
