@@ -229,3 +229,43 @@ def test_tiny_training_lowers_loss_and_head_drafts(tmp_path):
         tree = drafter.draft(state, anchor=int(items[9]["ids"][20]), budget=16)
         assert 1 < len(tree) <= 16
         assert set(tree.tokens[1:]) <= set(vocab.tolist())  # drafts only from the reduced vocabulary
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_training_forward_matches_the_drafter(causal, tmp_path):
+    """The packed multi-block training forward must give exactly what the drafter computes at inference for the same
+    anchor: the plain block (block_logprobs) and, for the causal head, the branch-conditioned pass."""
+    import random
+
+    from jetflow_sglang.drafters import make_drafter
+    from jetflow_sglang.train.features import build_cache
+    from jetflow_sglang.train.trainer import draft_vocab, head_inputs, make_head, sample_batch
+    from jetflow_sglang.tree import DraftTree
+
+    model = tiny_target().float()
+    items = build_cache(model, _records(model, n=2, T=40), [1, 3], tmp_path / "c", progress=False)
+    vocab = draft_vocab(items, 96, model.config.vocab_size)
+    head = make_head(model, causal, vocab, num_layers=2, n_taps=2).eval()
+    lm_w = model.get_output_embeddings().weight[vocab]
+    b = sample_batch(items[:1], random.Random(3), 1, 3, 16, branch_prob=1.0 if causal else 0.0)
+    item = items[0]
+    for branch in ([False, True] if causal else [False]):
+        tokens, pos, mask, _ = head_inputs(b, causal, branch)
+        T = b["ids"].shape[1]
+        with torch.no_grad():
+            kv = head.context_kv(b["taps"].float(), torch.arange(T)[None])
+            hid = head(tokens, pos, kv, mask).view(1, 3, 16, -1)
+        drafter = make_drafter("jetflow" if causal else "ddtree", head)
+        for blk in range(3):
+            a, k = int(b["anchors"][0, blk]), int(b["k"][0, blk]) if branch else 0
+            train_lp = (hid[0, blk] @ lm_w.T).log_softmax(-1)
+            ids = item["ids"].tolist()
+            state = drafter.new_state(ids[:a], item["taps"][:a].float())  # the cached (bf16) taps the trainer saw
+            if not branch:
+                torch.testing.assert_close(drafter.block_logprobs(state, ids[a]), train_lp[1:], atol=1e-4, rtol=1e-4)
+            else:  # a chain anchor -> y1..yk; the MASK query after node k is the training slot k+1
+                chain = DraftTree([ids[a]], [-1], [0], [0.0])
+                for d in range(1, k + 1):
+                    chain.add(ids[a + d], d - 1, 0.0)
+                lp = drafter.conditioned_logprobs(state, chain)
+                torch.testing.assert_close(lp[k], train_lp[k + 1], atol=1e-4, rtol=1e-4)
