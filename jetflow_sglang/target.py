@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from kernels import hf_tree_attention as tree_attn  # registers attn_implementation="jetflow_tree"
+
 from .head.config import default_tap_layers
 from .tree import DraftTree
 
@@ -25,7 +27,9 @@ class Target:
     def from_pretrained(cls, path, dtype: str = "bfloat16", device: str = "cpu", tap_layers=None) -> "Target":
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}; got {dtype!r}")
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation="sdpa").to(device)
+        # jetflow_tree: the Triton tree kernel on CUDA, SDPA with a bool tree mask on CPU; plain SDPA outside verify.
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=tree_attn.NAME)
+        model = model.to(device)
         return cls(model, AutoTokenizer.from_pretrained(path), tap_layers)
 
     @property
@@ -70,12 +74,15 @@ class Target:
     def verify(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
         """All nodes in one forward: node i sees the committed prefix, its ancestors and itself."""
         dev, n = self.device, len(tree)
+        ids = torch.tensor(tree.tokens, dtype=torch.long, device=dev)
+        positions = self.length + torch.tensor(tree.depths, dtype=torch.long, device=dev)
+        if self.model.config._attn_implementation == tree_attn.NAME:  # the mask travels packed: N x ceil(N/32) words
+            with tree_attn.tree_mask_context(tree.packed_mask(), self.length):
+                return self._forward(ids, positions, None)
         allow = torch.ones(n, self.length + n, dtype=torch.bool, device=dev)
         allow[:, self.length:] = tree.ancestor_mask().to(dev)
         # Float additive mask: the eager attention path mishandles boolean 4D masks.
         mask = torch.zeros(allow.shape, dtype=self.dtype, device=dev).masked_fill(~allow, torch.finfo(self.dtype).min)
-        ids = torch.tensor(tree.tokens, dtype=torch.long, device=dev)
-        positions = self.length + torch.tensor(tree.depths, dtype=torch.long, device=dev)
         return self._forward(ids, positions, mask[None, None])
 
     def commit(self, path: list[int]) -> None:

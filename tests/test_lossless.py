@@ -7,6 +7,7 @@ import torch
 from jetflow_sglang.drafters import DRAFTERS, ARDrafter, make_drafter
 from jetflow_sglang.engine import autoregressive, run
 from jetflow_sglang.target import Target
+from kernels import hf_tree_attention as tree_attn
 from tests.helpers import tiny_head, tiny_model
 
 torch.set_num_threads(1)
@@ -41,6 +42,8 @@ def stacks():
     out = {}
     for fam in ("llama", "qwen3"):
         model = tiny_model(fam, vocab=VOCAB, seed=11)
+        if fam == "qwen3":  # verify through the packed-mask attention the CLI uses; llama keeps the dense float mask
+            model.set_attn_implementation(tree_attn.NAME)
         out[fam] = (Target(model), tiny_head(model, causal=True), tiny_head(model, causal=False, seed=2))
     return out
 
