@@ -4,8 +4,6 @@ import random
 
 import pytest
 
-pytest.importorskip("plotly")
-pytest.importorskip("networkx")
 from hypothesis import given, settings, strategies as st
 
 from jetflow_sglang.tree import DraftTree, best_first, per_depth
