@@ -10,7 +10,7 @@ from pathlib import Path
 from .drafters import DRAFTERS, make_drafter
 from .head import CheckpointError, HeadMismatchError, load_head
 from .paths import DEFAULT_HEAD_DIR, default_paths
-from .tree import check_budget
+from .budget import parse_budget
 
 
 def bidir_dir(head_dir) -> Path:
@@ -43,7 +43,7 @@ def cmd_generate(a) -> int:
 
     from .verify import check_sampling
 
-    check_budget(a.budget)
+    parse_budget(a.budget)
     check_sampling(a.temperature, a.top_k, a.top_p)
     if not a.prompt.strip():
         raise ValueError("the prompt is empty")
@@ -98,9 +98,9 @@ def cmd_paths(a) -> int:
     return 0
 
 
-def budget_arg(s: str) -> int:
+def budget_arg(s: str):
     try:
-        return check_budget(int(s))
+        return parse_budget(s)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -110,7 +110,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="generate text with speculative decoding")
     g.add_argument("prompt")
-    g.add_argument("--budget", type=budget_arg, default=16, help="tree nodes per verify step, root included (1-512)")
+    g.add_argument("--budget", type=budget_arg, default=16, help="tree nodes per verify step, root included (1-512), or 'auto' to adapt it online")
     g.add_argument("--drafter", choices=DRAFTERS, default="jetflow")
     g.add_argument("--width", type=int, default=8, help="candidates per depth / per parent")
     g.add_argument("--temperature", type=float, default=0.0)

