@@ -225,6 +225,15 @@ class JetFlowWorker(BaseSpecWorker):
         res = self.target_worker.forward_batch_generation(batch, is_verify=True, capture_hidden_mode=self.capture)
         out = res.logits_output
         logits = self._adjust(out.next_token_logits, info)
+        if batch.has_grammar:  # constrained decoding: mask every node's logits with the grammar state along its path
+            from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
+
+            tree = GrammarTree.from_host(r_next.cpu(), r_sib.cpu(), tokens.cpu().view(bs, n))
+            grammar_mask = build_grammar_vocab_mask(reqs=batch.reqs, tree=tree, sampling_info=info,
+                                                    device=self.device, barrier=None)
+            if grammar_mask is not None:
+                logits = logits.clone() if logits is out.next_token_logits else logits
+                grammar_mask.apply(logits)
 
         # acceptance: the core's rules, per request, on the real (unpadded) tree
         predict = torch.zeros(bs * n, dtype=torch.int32)

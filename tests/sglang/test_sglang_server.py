@@ -171,3 +171,13 @@ def test_bad_requests_get_4xx_and_server_keeps_serving(servers, tok):
         assert 400 <= r.status_code < 500, (path, body, r.status_code, r.text[:300])
     ok = spec.generate(text="The quick brown fox", sampling_params={"max_new_tokens": 8, "temperature": 0})
     assert len(ok["output_ids"]) >= 1
+
+
+def test_regex_constrained_generation_matches_plain(servers):
+    spec, plain = servers
+    body = dict(text="The number is", sampling_params={"max_new_tokens": 12, "temperature": 0, "regex": "[0-9]{3}-[0-9]{2}"})
+    a, b = spec.generate(**body), plain.generate(**body)
+    assert a["text"] == b["text"]
+    import re
+
+    assert re.fullmatch(r"[0-9]{3}-[0-9]{2}", a["text"]), a["text"]
