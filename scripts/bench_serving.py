@@ -17,6 +17,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "sglang"))
-from server import Server  # noqa: E402  (the same launcher the e2e tests use)
+from sgl_server import Server  # noqa: E402  (the same launcher the e2e tests use)
 
 
 def load_prompts(n: int) -> list[str]:
@@ -92,10 +93,11 @@ def main(argv=None) -> int:
          {"JETFLOW_DRAFTER": drafter}) for b in a.budgets]
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    logs = Path(tempfile.mkdtemp(prefix="jetflow-bench-"))  # server logs stay out of the results folder
     results = []
     bar = tqdm(total=len(configs) * len(a.concurrency), desc="bench", unit="level")
     for name, args, env in configs:
-        srv = Server(model, ["--dtype", a.dtype, *args], out.with_name(out.name + f".{name}.log"), env=env)
+        srv = Server(model, ["--dtype", a.dtype, *args], logs / f"{name}.log", env=env)
         try:
             srv.wait_ready()
             srv.post("/v1/chat/completions", {"model": "default", "messages": [{"role": "user", "content": "hi"}],

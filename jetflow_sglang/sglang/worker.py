@@ -106,6 +106,10 @@ class JetFlowWorker(BaseSpecWorker):
             taps = list(head.config.tap_layers)
             if taps != sorted(taps):
                 raise ValueError(f"head tap layers must be ascending (SGLang concatenates them in layer order): {taps}")
+            n_layers = self.model_runner.model_config.hf_config.num_hidden_layers
+            if taps[-1] + 1 >= n_layers:  # SGLang captures *inputs* of layers; the last layer's output is not one
+                raise ValueError(f"tap layer {taps[-1]} is the target's last layer; SGLang can capture up to "
+                                 f"layer {n_layers - 2}")
             if not hasattr(model, "set_dflash_layers_to_capture"):
                 raise ValueError(f"{type(model).__name__} cannot expose hidden states to a draft head in SGLang")
             # capture "before layer l+1" == output of decoder layer l (HF hidden_states[l+1])

@@ -12,7 +12,7 @@ import requests
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from server import Server  # noqa: E402
+from sgl_server import Server  # noqa: E402
 
 torch.set_num_threads(1)
 if os.environ.get("JETFLOW_SKIP_SGLANG") != "1":
