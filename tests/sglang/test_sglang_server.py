@@ -181,3 +181,19 @@ def test_regex_constrained_generation_matches_plain(servers):
     import re
 
     assert re.fullmatch(r"[0-9]{3}-[0-9]{2}", a["text"]), a["text"]
+
+
+def test_logprobs_and_streaming(servers, tok):
+    spec, plain = servers
+    body = dict(text="def fib(n):", sampling_params={"max_new_tokens": 16, "temperature": 0, "ignore_eos": True},
+                return_logprob=True)
+    a, b = spec.generate(**body), plain.generate(**body)
+    la, lb = a["meta_info"]["output_token_logprobs"], b["meta_info"]["output_token_logprobs"]
+    assert [t[1] for t in la] == a["output_ids"] == [t[1] for t in lb]
+    assert all(abs(x[0] - y[0]) < 1e-3 for x, y in zip(la, lb))
+    r = requests.post(spec.url + "/generate", json={**body, "return_logprob": False, "stream": True}, stream=True,
+                      timeout=120)
+    chunks = [ln for ln in r.iter_lines() if ln.startswith(b"data:") and ln != b"data: [DONE]"]
+    import json
+
+    assert json.loads(chunks[-1][5:])["text"] == a["text"]
