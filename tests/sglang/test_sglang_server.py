@@ -37,7 +37,8 @@ def servers(models, tmp_path_factory):
     target, head = models
     logs = tmp_path_factory.mktemp("sgl_logs")
     spec = Server(target, ["--dtype", "float32", "--speculative-algorithm", "JETFLOW",
-                           "--speculative-draft-model-path", head, "--speculative-num-draft-tokens", "6"],
+                           "--speculative-draft-model-path", head, "--speculative-num-draft-tokens", "6",
+                           "--chunked-prefill-size", "64"],  # long prompts arrive in chunks: taps must add up
                   logs / "jetflow.log")
     plain = Server(target, ["--dtype", "float32"], logs / "plain.log")
     try:
@@ -197,3 +198,12 @@ def test_logprobs_and_streaming(servers, tok):
     import json
 
     assert json.loads(chunks[-1][5:])["text"] == a["text"]
+
+
+def test_long_prompt_chunked_prefill(servers, models, tok):
+    spec, plain = servers
+    ids = tok(" ".join(PROMPTS) * 12).input_ids[:300]
+    assert len(ids) > 3 * 64
+    body = dict(input_ids=ids, sampling_params={"max_new_tokens": 24, "temperature": 0, "ignore_eos": True})
+    a, b = spec.generate(**body), plain.generate(**body)
+    assert a["output_ids"] == b["output_ids"] == hf_greedy(models[0], ids, 24, stop_at_eos=False)
