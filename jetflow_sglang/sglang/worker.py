@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import types
 from dataclasses import dataclass, field
 
@@ -32,6 +33,7 @@ from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, Forw
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
 
+from ..budget import AdaptiveBudget
 from ..drafters import make_drafter
 from ..tree import DraftTree
 from ..verify import greedy_accept, process_logits, sample_accept
@@ -90,6 +92,12 @@ class JetFlowWorker(BaseSpecWorker):
         self.device = self.model_runner.device
         cfg = resolving_view(server_args)  # the resolved arguments (the plugin's defaults included)
         self.n = int(cfg.speculative_num_draft_tokens)
+        # JETFLOW_BUDGET=auto: each round's tree size adapts to acceptance and batch size, up to the budget above
+        # (the KV slots SGLang reserves per decode step are sized for it).
+        budget_mode = os.environ.get("JETFLOW_BUDGET", "").strip().lower()
+        if budget_mode not in ("", "fixed", "auto"):
+            raise ValueError(f"JETFLOW_BUDGET must be 'auto' or 'fixed'; got {budget_mode!r}")
+        self.adaptive = AdaptiveBudget(max_budget=self.n) if budget_mode == "auto" else None
         self.reqs: dict[str, _Req] = {}
 
         head_dir = cfg.speculative_draft_model_path
@@ -158,8 +166,8 @@ class JetFlowWorker(BaseSpecWorker):
             next_draft_input=self._carry(new_seq_lens, accept_tokens.flatten(), accept_lens),
             speculative_num_draft_tokens=self.n)
 
-    def _carry(self, new_seq_lens, accept_tokens, accept_lens):
-        return JetFlowVerifyInput(draft_token_num=self.n, new_seq_lens=new_seq_lens, accept_tokens=accept_tokens,
+    def _carry(self, new_seq_lens, accept_tokens, accept_lens, n=None):
+        return JetFlowVerifyInput(draft_token_num=n or self.n, new_seq_lens=new_seq_lens, accept_tokens=accept_tokens,
                                   accept_lens=accept_lens)
 
     def _keep_prefill_taps(self, batch, hidden):
@@ -196,7 +204,9 @@ class JetFlowWorker(BaseSpecWorker):
 
     @torch.no_grad()
     def _verify(self, batch, on_publish) -> GenerationBatchResult:
-        n, bs = self.n, len(batch.reqs)
+        bs = len(batch.reqs)
+        n = self.adaptive.choose(bs) if self.adaptive else self.n
+        t0 = time.perf_counter()
         seq_lens = batch.seq_lens.tolist()
         info = batch.sampling_info
         temps = info.temperatures.view(-1).tolist()
@@ -215,6 +225,7 @@ class JetFlowWorker(BaseSpecWorker):
                 logger.exception("JETFLOW drafter failed for request %s; decoding this round without a draft", req.rid)
                 trees.append(DraftTree.root(anchor))
 
+        t1 = time.perf_counter()
         tokens, mask, positions, r_index, r_next, r_sib = pack_trees(trees, n, seq_lens, self.full_mask, self.device)
         batch.forward_mode = ForwardMode.TARGET_VERIFY
         batch.input_ids = tokens
@@ -228,7 +239,8 @@ class JetFlowWorker(BaseSpecWorker):
             capture_hidden_mode=self.capture or CaptureHiddenMode.NULL)
         res = self.target_worker.forward_batch_generation(batch, is_verify=True, capture_hidden_mode=self.capture)
         out = res.logits_output
-        logits = self._adjust(out.next_token_logits, info)
+        logits = self._adjust(out.next_token_logits, info, n)
+        t2 = time.perf_counter()
         if batch.has_grammar:  # constrained decoding: mask every node's logits with the grammar state along its path
             from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
 
@@ -257,6 +269,8 @@ class JetFlowWorker(BaseSpecWorker):
                 accept_index[i, j] = i * n + node
                 predict[i * n + node] = tok
             accept_lens[i] = len(path)
+            if self.adaptive:
+                self.adaptive.observe(path, m, bs, verify_s=t2 - t1, draft_s=(t1 - t0) / bs)
             taps = out.hidden_states[i * n + torch.tensor(path, device=out.hidden_states.device)] \
                 if self.needs_taps else None
             self.drafter.advance(r.state, [tree.tokens[p] for p in path], taps)
@@ -275,12 +289,11 @@ class JetFlowWorker(BaseSpecWorker):
         return GenerationBatchResult(
             logits_output=out, next_token_ids=accept_tokens, can_run_cuda_graph=res.can_run_cuda_graph,
             accept_lens=accept_lens, new_seq_lens=new_seq_lens,
-            next_draft_input=self._carry(new_seq_lens, accept_tokens, accept_lens),
+            next_draft_input=self._carry(new_seq_lens, accept_tokens, accept_lens, n),
             speculative_num_draft_tokens=n)
 
-    def _adjust(self, logits, info):
+    def _adjust(self, logits, info, n):
         """The logit edits SGLang applies before its own verify (penalties, logit_bias), per node."""
-        n = self.n
         if info.acc_additive_penalties is not None:
             logits = logits + info.acc_additive_penalties.repeat_interleave(n, 0)
         if info.acc_scaling_penalties is not None:

@@ -39,7 +39,10 @@ def servers(models, tmp_path_factory):
     spec = Server(target, ["--dtype", "float32", "--speculative-algorithm", "JETFLOW",
                            "--speculative-draft-model-path", head, "--speculative-num-draft-tokens", "6",
                            "--chunked-prefill-size", "64"],  # long prompts arrive in chunks: taps must add up
-                  logs / "jetflow.log")
+                  logs / "jetflow.log",
+                  # the tree size adapts per round (<= 6) to acceptance and batch size; output must not change.
+                  # The default-model tests run a fixed budget.
+                  env={"JETFLOW_BUDGET": "auto"})
     plain = Server(target, ["--dtype", "float32"], logs / "plain.log")
     try:
         yield spec.wait_ready(), plain.wait_ready()
