@@ -21,6 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import gradio as gr
 import torch
 
+from jetflow_sglang.cli import bidir_dir
 from jetflow_sglang.drafters import make_drafter
 from jetflow_sglang.engine import generate
 from jetflow_sglang.head import load_head
@@ -58,13 +59,15 @@ class Models:
     def __init__(self, target_dir: str, head_dir: str | None, dtype: str = "bfloat16"):
         self.target_dir, self.head_dir = str(target_dir), head_dir
         self.target = Target.from_pretrained(target_dir, dtype=dtype)
-        self.head, self.head_error = None, ""
+        self.head, self.bidir, self.head_error = None, None, ""
         if head_dir is None:
             self.head_error = "no head given"
         else:
             try:
                 self.head = load_head(head_dir, self.target)
                 self.target.tap_layers = list(self.head.config.tap_layers)  # the taps the head was trained on
+                if bidir_dir(head_dir).exists():  # DDTree/DFlash baselines get their own bidirectional head
+                    self.bidir = load_head(bidir_dir(head_dir), self.target)
             except Exception as e:  # missing, corrupt or mismatched: keep running without the head drafters
                 self.head_error = f"{type(e).__name__}: {e}"
         self.lock = threading.Lock()
@@ -79,7 +82,7 @@ class Models:
             raise ValueError(f"the {name} drafter needs the draft head, which is not loaded ({self.head_error}); "
                              "use n-gram or autoregressive")
         if name not in self._drafters:
-            self._drafters[name] = make_drafter(name, head=self.head)
+            self._drafters[name] = make_drafter(name, head=self.head, bidir_head=self.bidir)
         return self._drafters[name]
 
     def decode(self, ids) -> str:
