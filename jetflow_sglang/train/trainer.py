@@ -247,7 +247,11 @@ def train(heads: dict[str, JetFlowHead], target_model, items: list[dict], eval_i
     def prog():
         return elapsed / (cfg.minutes * 60) if cfg.minutes > 0 else step / max(cfg.steps, 1)
 
-    bar = tqdm(total=cfg.steps, initial=step, desc="train", disable=not progress)
+    # a time budget has no step count: the bar then shows minutes of training done
+    bar = tqdm(total=cfg.minutes if cfg.minutes > 0 else cfg.steps, initial=elapsed / 60 if cfg.minutes > 0 else step,
+               desc="train", unit="min" if cfg.minutes > 0 else "step", disable=not progress,
+               bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} {unit} [{elapsed}<{remaining}{postfix}]"
+               if cfg.minutes > 0 else None)
     log = open(out / "log.jsonl", "a")
     acc: dict[str, list[dict]] = {n: [] for n in heads}
     while step < cfg.steps and prog() < 1.0:
@@ -265,8 +269,9 @@ def train(heads: dict[str, JetFlowHead], target_model, items: list[dict], eval_i
             opts[n].step()
             acc[n].append(m)
         step += 1
-        elapsed += time.time() - t0
-        bar.update(1)
+        dt = time.time() - t0
+        elapsed += dt
+        bar.update(dt / 60 if cfg.minutes > 0 else 1)
         if step % cfg.log_every == 0:
             for n in heads:
                 rec = {"step": step, "head": n, "lr": lr, "min": round(elapsed / 60, 2)}
@@ -276,8 +281,8 @@ def train(heads: dict[str, JetFlowHead], target_model, items: list[dict], eval_i
                 log.write(json.dumps(rec) + "\n")
                 acc[n] = []
             log.flush()
-            bar.set_postfix({n: f"{history[n][-1]['tau_w8']:.2f}" if history[n] else "-" for n in heads} |
-                            {"kl": rec["kl"]})
+            bar.set_postfix({"step": step, "kl": rec["kl"]} |
+                            {f"tau_w8 {n}": f"{history[n][-1]['tau_w8']:.2f}" for n in heads if history[n]})
         if eval_items and (step % cfg.eval_every == 0):
             for n, h in heads.items():
                 e = {"step": step, "min": round(elapsed / 60, 2), **evaluate(h, eval_items, lm_w, vocab_map, cfg, dev)}
