@@ -275,6 +275,8 @@ def test_missing_head_still_runs_with_ngram_and_says_so(tiny, browser):
         assert options == ["n-gram (prompt lookup)", "autoregressive"], options
         page.keyboard.press("Escape")
         page.locator("#jf-ex-chat").click()
+        # the example fills the prompt through a server event: generating before it lands sends an empty prompt
+        sync_api.expect(page.locator("#jf-prompt textarea")).to_have_value(re.compile("sleep"), timeout=30_000)
         set_slider(page, "jf-max-tokens", 16)
         info = generate_and_wait(page)
         assert info["nodes"] >= 1 and info["path"][0] == 0
