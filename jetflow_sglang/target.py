@@ -87,11 +87,13 @@ class Target:
 
     def commit(self, path: list[int]) -> None:
         """Keep the KV rows of the accepted nodes (root first) after the prefix; drop the rest of the tree."""
-        keep = torch.cat([torch.arange(self.length), self.length + torch.tensor(path, dtype=torch.long)]).to(self.device)
-        for layer in self.cache.layers:
-            layer.keys = layer.keys.index_select(-2, keep)
-            layer.values = layer.values.index_select(-2, keep)
-        self.length += len(path)
+        src = self.length + torch.tensor(path, dtype=torch.long, device=self.device)
+        end = self.length + len(path)
+        for layer in self.cache.layers:  # move only the accepted rows; the prefix stays where it is
+            layer.keys[..., self.length:end, :] = layer.keys[..., src, :]
+            layer.values[..., self.length:end, :] = layer.values[..., src, :]
+            layer.keys, layer.values = layer.keys[..., :end, :], layer.values[..., :end, :]
+        self.length = end
 
     def encode_chat(self, prompt: str, system: str | None = None) -> list[int]:
         """Token ids of a single-turn chat prompt with the model's own chat template."""
