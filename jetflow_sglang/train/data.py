@@ -227,8 +227,8 @@ def regenerate(model, tokenizer, prompts: dict[str, list[str]], out_path: str | 
             m = "sample" if coin.random() < sample_frac else "greedy"
             if f"{s}/{i}" not in done:
                 queues.setdefault((s, m), []).append((i, p))
-    eos = {tokenizer.eos_token_id} | ({model.generation_config.eos_token_id}
-                                      if isinstance(model.generation_config.eos_token_id, int) else set())
+    g = getattr(model.generation_config, "eos_token_id", None)  # chat models may stop on several tokens
+    eos = {tokenizer.eos_token_id} | set(g if isinstance(g, (list, tuple)) else [] if g is None else [g])
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     total = sum(have.values())
     bar = tqdm(total=target_tokens, initial=min(total, target_tokens), unit="tok", disable=not progress,
