@@ -100,7 +100,11 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=20)
     ap.add_argument("--e2e", type=int, default=2, help="GSM8K prompts timed end to end (0: skip)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--merge", nargs="+", metavar="TAU_JSON",
+                    help="only combine tau.json files of partial runs (e.g. datasets split over two processes)")
     a = ap.parse_args()
+    if a.merge:
+        return merge(a.merge, Path(a.out), [int(b) for b in a.budgets.split(",")])
     torch.set_num_threads(a.threads)
     budgets = [int(b) for b in a.budgets.split(",")]
     names = a.drafters.split(",")
@@ -167,12 +171,34 @@ def main() -> int:
     return 0
 
 
+def merge(paths, out: Path, budgets) -> int:
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    for p in parts:
+        p["meta"]["cost_ms"] = {int(k): v for k, v in p["meta"]["cost_ms"].items()}
+    meta = dict(parts[0]["meta"])
+    meta["command"] = " ; ".join(p["meta"]["command"] for p in parts) + " ; python scripts/bench_tau.py --merge " + \
+        " ".join(str(x) for x in paths)
+    meta["parts"] = [p["meta"] for p in parts]
+    rows = [r for p in parts for r in p["rows"]]
+    e2e = [r for p in parts for r in p["e2e"]]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tau.json").write_text(json.dumps({"meta": meta, "rows": rows, "e2e": e2e,
+                                              "per_prompt": [r for p in parts for r in p["per_prompt"]]}, indent=1))
+    (out / "tau.md").write_text(markdown(meta, rows, e2e, budgets))
+    plot(rows, out / "tau.png")
+    print((out / "tau.md").read_text())
+    return 0
+
+
 def markdown(meta, rows, e2e, budgets) -> str:
     lines = [f"# tau and speedup vs budget (greedy)\n", f"- command: `{meta['command']}`", f"- machine: {meta['machine']}",
              f"- date: {meta['date']}; dtype {meta['dtype']}; width {meta['width']}",
              f"- measured costs (ms, min of 5): AR token {meta['cost_ms'][1]:.1f}; verify " +
              ", ".join(f"N={n}: {v:.1f}" for n, v in meta["cost_ms"].items() if n != 1),
-             "- speedup = tau x t_AR / (t_draft + t_verify(mean tree size)), all measured in this run; oracle has no draft cost.\n"]
+             "- speedup = tau x t_AR / (t_draft + t_verify(mean tree size)), all measured in the same run; oracle has no draft cost.\n"]
+    for part in meta.get("parts", [])[1:]:
+        lines.insert(5, f"- costs of the other part (ms): AR token {part['cost_ms'][1]:.1f}; verify " +
+                     ", ".join(f"N={n}: {v:.1f}" for n, v in part["cost_ms"].items() if n != 1))
     for ds in dict.fromkeys(r["dataset"] for r in rows):
         lines += [f"## {ds}\n", "| drafter | " + " | ".join(f"B={b}" for b in budgets) + " |",
                   "|---|" + "---|" * len(budgets)]
