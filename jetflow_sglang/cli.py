@@ -17,7 +17,7 @@ def bidir_dir(head_dir) -> Path:
     return Path(str(head_dir).rstrip("/") + "-bidir")
 
 
-def load_stack(target_dir=None, head_dir=None, dtype="float32", drafter="jetflow", width=8):
+def load_stack(target_dir=None, head_dir=None, dtype="bfloat16", drafter="jetflow", width=8):
     """Target + drafter ready to generate. Heads are loaded only for drafters that use them."""
     from .target import Target
 
@@ -117,8 +117,9 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--max-new-tokens", type=int, default=128)
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                   help="float32 (default): greedy output bit-identical to AR; bfloat16: ~1.5x faster on CPU, a batched verify may flip a near-tie")
+    g.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"],
+                   help="bfloat16 (default): ~1.5x faster on CPU, but a batched verify may round a near-tie differently "
+                        "from a one-token step; float32: greedy output bit-identical to autoregressive decoding")
     g.add_argument("--target", help="HF model folder (default: SmolLM2-135M-Instruct, converted on first use)")
     g.add_argument("--head", help=f"draft head folder (default: {DEFAULT_HEAD_DIR})")
     g.add_argument("--compare-ar", action="store_true", help="also decode autoregressively and report speedup and losslessness")

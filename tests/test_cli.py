@@ -29,7 +29,8 @@ def run_cli(capsys, *args):
 def test_generate_json_is_lossless_and_reports(stack, capsys):
     target, head, _ = stack
     code, out, err = run_cli(capsys, "The quick brown fox", "--target", target, "--head", head, "--budget", "8",
-                             "--max-new-tokens", "24", "--compare-ar", "--json", "--threads", "1")
+                             "--max-new-tokens", "24", "--compare-ar", "--json", "--threads", "1",
+                             "--dtype", "float32")
     assert code == 0, err
     res = json.loads(out)
     assert res["lossless"] is True and res["new_tokens"] >= 1
@@ -37,7 +38,7 @@ def test_generate_json_is_lossless_and_reports(stack, capsys):
     assert res["tau"] >= 1.0 and res["speedup_vs_ar"] > 0
     # the same text as --budget 1
     code, out1, _ = run_cli(capsys, "The quick brown fox", "--target", target, "--head", head, "--budget", "1",
-                            "--max-new-tokens", "24", "--json", "--threads", "1")
+                            "--max-new-tokens", "24", "--json", "--threads", "1", "--dtype", "float32")
     assert json.loads(out1)["text"] == res["text"]
 
 
