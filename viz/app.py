@@ -159,7 +159,7 @@ def build(models: Models, results_dir: Path = RESULTS_DIR) -> gr.Blocks:
         return (tree_of(s, k), s.text_html(k if not s.running else None), s.stats_markdown(),
                 F.accept_histogram(s.accept_lengths), scrub, s)
 
-    def run_generation(prompt, drafter, budget, temperature, max_tokens, s: Session):
+    def run_generation(prompt, drafter, budget, temperature, max_tokens, ignore_eos, s: Session):
         keep = (gr.skip(),) * 2
         try:
             drafter, budget, temperature, max_tokens = check_inputs(models, prompt, drafter, budget, temperature,
@@ -175,7 +175,7 @@ def build(models: Models, results_dir: Path = RESULTS_DIR) -> gr.Blocks:
             s.reset(prompt, drafter, budget)
             last = 0.0
             for rnd in generate(models.target, d, ids, max_new_tokens=max_tokens, budget=budget,
-                                temperature=temperature, eos_ids=models.eos_ids):
+                                temperature=temperature, eos_ids=() if ignore_eos else models.eos_ids):
                 if rnd.tree is None:  # the prefill token: text only, no tree
                     s.add_prefill(rnd.new_tokens, models.decode)
                     continue
@@ -262,8 +262,9 @@ def build(models: Models, results_dir: Path = RESULTS_DIR) -> gr.Blocks:
                     drafter = gr.Dropdown([(k, v) for k, v in DRAFTERS if v in available], label="drafter",
                                           value=available[0], elem_id="jf-drafter")
                     budget = gr.Slider(1, MAX_BUDGET, value=32, step=1, label="budget (tree nodes)", elem_id="jf-budget")
-                    temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="temperature")
+                    temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="temperature", elem_id="jf-temperature")
                     max_tokens = gr.Slider(1, MAX_TOKENS, value=128, step=1, label="max tokens", elem_id="jf-max-tokens")
+                    ignore_eos = gr.Checkbox(False, label="keep going past end-of-text", elem_id="jf-ignore-eos")
             with gr.Row():
                 go_btn = gr.Button("Generate", variant="primary", elem_id="jf-generate")
                 stop_btn = gr.Button("Stop", variant="stop", elem_id="jf-stop")
@@ -297,9 +298,9 @@ def build(models: Models, results_dir: Path = RESULTS_DIR) -> gr.Blocks:
         for btn, text_ in ex_buttons:
             btn.click(lambda t=text_: t, None, prompt, api_visibility="private")
         outs = [tree_plot, text, stats, hist, scrubber, state]
-        gen_event = go_btn.click(run_generation, [prompt, drafter, budget, temperature, max_tokens, state], outs,
+        gen_event = go_btn.click(run_generation, [prompt, drafter, budget, temperature, max_tokens, ignore_eos, state], outs,
                                  concurrency_id="model", concurrency_limit=1, api_visibility="private")
-        prompt.submit(run_generation, [prompt, drafter, budget, temperature, max_tokens, state], outs,
+        prompt.submit(run_generation, [prompt, drafter, budget, temperature, max_tokens, ignore_eos, state], outs,
                       concurrency_id="model", concurrency_limit=1, api_visibility="private")
         stop_btn.click(request_stop, state, stats, api_visibility="private")
         scrubber.input(scrub, [scrubber, state], [tree_plot, text], api_visibility="private")
