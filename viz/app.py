@@ -41,7 +41,10 @@ EXAMPLES = {
     "chat": "What are three good habits for getting better sleep? Answer in a short list.",
 }
 MAX_BUDGET, MAX_TOKENS = 256, 1024
-UPDATE_EVERY_S = 0.25
+# Live updates while a run streams. Each one re-draws two Plotly figures in the browser; at 4 per second a loaded
+# machine's page fell behind (measured: a click on Stop took 2-3 s to leave the page, so Stop landed late), at 2 per
+# second it kept up (0.1-0.4 s).
+UPDATE_EVERY_S = 0.5
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "bench" / "results"
 CSS = """
 .jf-text {white-space: pre-wrap; font-family: ui-monospace, monospace; font-size: 14px; line-height: 1.6;
@@ -157,7 +160,7 @@ def build(models: Models, results_dir: Path = RESULTS_DIR) -> gr.Blocks:
         scrub = gr.Slider(minimum=0, maximum=max(1, len(s.rounds)), value=max(1, k), step=1,
                           interactive=bool(s.rounds) and not s.running)
         return (tree_of(s, k), s.text_html(k if not s.running else None), s.stats_markdown(),
-                F.accept_histogram(s.accept_lengths), scrub, s)
+                F.accept_histogram(s.accept_lengths), scrub)
 
     def run_generation(prompt, drafter, budget, temperature, max_tokens, ignore_eos, s: Session):
         keep = (gr.skip(),) * 2
@@ -167,7 +170,7 @@ def build(models: Models, results_dir: Path = RESULTS_DIR) -> gr.Blocks:
             if not models.lock.acquire(timeout=600):
                 raise InputError("The model is busy with another tab's run; try again shortly.")
         except Exception as e:
-            yield keep + (notice(e),) + (gr.skip(),) * 3
+            yield keep + (notice(e),) + (gr.skip(),) * 2
             return
         try:
             d = models.drafter(drafter)
@@ -189,16 +192,22 @@ def build(models: Models, results_dir: Path = RESULTS_DIR) -> gr.Blocks:
                     last = time.perf_counter()
         except Exception as e:
             s.running = False
-            yield keep + (notice(e),) + (gr.skip(),) * 3
+            yield keep + (notice(e),) + (gr.skip(),) * 2
             return
         finally:
+            s.running = False  # also when the tab goes away mid-run and Gradio closes the generator
             models.lock.release()
-        s.running = False
         yield view(s)
 
     def request_stop(s: Session):
-        s.stop_requested = True
-        return "stopping after this round…" if s.running else "nothing is running"
+        # The running event reads this flag between rounds (the Session is the same object in both events: Gradio
+        # keeps State values by reference), finishes its round and sends the final tree and stats itself.
+        # The answer is a toast, never a write to an output of the running event: Stop's own output can reach
+        # the page after the run's final update (both events run at once) and would overwrite it for good.
+        busy = s.running or s.sweeping
+        if busy:
+            s.stop_requested = True
+        gr.Info("stopping after this round…" if busy else "nothing is running", duration=3)
 
     def scrub(k, s: Session):
         return tree_of(s, k), s.text_html(int(k))
@@ -213,7 +222,7 @@ def build(models: Models, results_dir: Path = RESULTS_DIR) -> gr.Blocks:
                 raise InputError("The model is busy with another tab's run; try again shortly.")
         except Exception as e:
             return gr.skip(), gr.skip(), notice(e)
-        s.stop_requested = False
+        s.stop_requested, s.sweeping = False, True
         try:
             ids = models.target.encode_chat(prompt)
             rows = sweep(models.target, {d: models.drafter(d) for d in drafters}, ids, int(max_tokens),
@@ -223,6 +232,7 @@ def build(models: Models, results_dir: Path = RESULTS_DIR) -> gr.Blocks:
         except Exception as e:
             return gr.skip(), gr.skip(), notice(e)
         finally:
+            s.sweeping = False
             models.lock.release()
         done = "stopped" if s.stop_requested else "done"
         return F.sweep_figure(rows, title="this prompt"), table(rows), f"{done}: {len(rows)} runs"
@@ -297,16 +307,22 @@ def build(models: Models, results_dir: Path = RESULTS_DIR) -> gr.Blocks:
 
         for btn, text_ in ex_buttons:
             btn.click(lambda t=text_: t, None, prompt, api_visibility="private")
-        outs = [tree_plot, text, stats, hist, scrubber, state]
+        # The state is an input only: the events mutate their tab's Session in place, which Gradio stores by
+        # reference, so there is nothing to write back.
+        outs = [tree_plot, text, stats, hist, scrubber]
+        # show_progress="minimal": the queue position and timer without a full overlay on all five outputs, which
+        # the page keeps animating for the whole run (the stats line already says "running")
         gen_event = go_btn.click(run_generation, [prompt, drafter, budget, temperature, max_tokens, ignore_eos, state], outs,
-                                 concurrency_id="model", concurrency_limit=1, api_visibility="private")
+                                 concurrency_id="model", concurrency_limit=1, show_progress="minimal",
+                                 api_visibility="private")
         prompt.submit(run_generation, [prompt, drafter, budget, temperature, max_tokens, ignore_eos, state], outs,
-                      concurrency_id="model", concurrency_limit=1, api_visibility="private")
-        stop_btn.click(request_stop, state, stats, api_visibility="private")
+                      concurrency_id="model", concurrency_limit=1, show_progress="minimal", api_visibility="private")
+        # No outputs (see request_stop) and no concurrency limit: Stop never waits behind other events.
+        stop_btn.click(request_stop, state, None, concurrency_limit=None, api_visibility="private")
         scrubber.input(scrub, [scrubber, state], [tree_plot, text], api_visibility="private")
         sweep_btn.click(run_sweep, [prompt, sweep_drafters, sweep_tokens, temperature, state], [sweep_plot, sweep_table, sweep_msg],
                         concurrency_id="model", concurrency_limit=1, api_visibility="private")
-        sweep_stop.click(request_stop, state, None, api_visibility="private")
+        sweep_stop.click(request_stop, state, None, concurrency_limit=None, api_visibility="private")
         refresh.click(lambda: gr.Dropdown(choices=result_choices()), None, files, api_visibility="private")
         load_btn.click(load_file, files, [sweep_plot, sweep_table, sweep_msg], api_visibility="private")
         del gen_event

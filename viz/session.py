@@ -1,7 +1,8 @@
 """Per-browser-tab state of the explorer.
 
-Gradio creates one `Session` per tab (gr.State(Session) calls the class for each new tab), so two tabs never
-share rounds, text or the stop flag. It holds plain data only: trees are kept without their draft distributions.
+Gradio creates one `Session` per tab (gr.State(lambda: Session()) calls the factory for each new tab) and hands
+every event of that tab the same object, so two tabs never share rounds, text or the stop flag. It holds plain
+data only: trees are kept without their draft distributions.
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ class Session:
     drafter: str = ""
     budget: int = 0
     stop_requested: bool = False  # set by the Stop button's handler, read by the generator between rounds
-    running: bool = False
+    running: bool = False         # a Live-tab generation is under way
+    sweeping: bool = False        # a budget sweep is under way
     message: str = ""
     _decoded: str = ""
     _first: str = ""  # text of the prefill token
