@@ -17,12 +17,12 @@ def bidir_dir(head_dir) -> Path:
     return Path(str(head_dir).rstrip("/") + "-bidir")
 
 
-def load_stack(target_dir=None, head_dir=None, dtype="bfloat16", drafter="jetflow", width=8):
+def load_stack(target_dir=None, head_dir=None, dtype="bfloat16", drafter="jetflow", width=8, device="cpu"):
     """Target + drafter ready to generate. Heads are loaded only for drafters that use them."""
     from .target import Target
 
     target_dir = target_dir or default_paths()[0]
-    target = Target.from_pretrained(target_dir, dtype=dtype)
+    target = Target.from_pretrained(target_dir, dtype=dtype, device=device)
     head = bidir = None
     if drafter not in ("ngram", "ar"):
         head_dir = Path(head_dir or DEFAULT_HEAD_DIR)
@@ -49,7 +49,9 @@ def cmd_generate(a) -> int:
         raise ValueError("the prompt is empty")
     if a.threads:
         torch.set_num_threads(a.threads)
-    target, drafter = load_stack(a.target, a.head, a.dtype, a.drafter, a.width)
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {a.device}, but this torch ({torch.__version__}) sees no CUDA device")
+    target, drafter = load_stack(a.target, a.head, a.dtype, a.drafter, a.width, a.device)
     ids = target.encode_chat(a.prompt) if not a.raw else target.tokenizer.encode(a.prompt)
     target.check_prompt(ids)
     eos = target.eos_ids()
@@ -126,6 +128,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print one JSON object at the end (text streams to stderr)")
     g.add_argument("--raw", action="store_true", help="do not apply the chat template")
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--device", default="cpu", help="cpu or cuda[:N] (CUDA verifies trees with the Triton tree kernel)")
     g.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     g.set_defaults(fn=cmd_generate)
     pa = sub.add_parser("paths", help="print (and prepare) the default target and head folders")

@@ -48,7 +48,7 @@ class Result:
 def _pick(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, gen) -> int:
     if temperature == 0:
         return int(logits.argmax())
-    return int(torch.multinomial(process_logits(logits, temperature, top_k, top_p), 1, generator=gen))
+    return int(torch.multinomial(process_logits(logits.cpu(), temperature, top_k, top_p), 1, generator=gen))
 
 
 def _check(target: Target, prompt_ids, max_new_tokens: int, temperature, top_k, top_p) -> None:

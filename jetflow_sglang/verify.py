@@ -62,7 +62,7 @@ def sample_accept(tree: DraftTree, probs: torch.Tensor, generator: torch.Generat
     """
     node, path = 0, [0]
     while True:
-        p = probs[node].double()
+        p = probs[node].double().cpu()  # draws use a CPU generator whatever the device: same seed, same tokens
         q = tree.child_probs[node] if tree.child_probs is not None else None
         q = q.double().clone() if q is not None else None
         chosen = None
@@ -75,7 +75,7 @@ def sample_accept(tree: DraftTree, probs: torch.Tensor, generator: torch.Generat
                     break
                 p = p.clone()
                 p[x] = 0.0
-                p = _normalise(p, probs[node].double())
+                p = _normalise(p, probs[node].double().cpu())
             else:
                 if q[x] > 0 and u < torch.clamp(p[x] / q[x], max=1.0):
                     chosen = child

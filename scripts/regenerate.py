@@ -31,16 +31,22 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    ap.add_argument("--save-prompts", metavar="FILE", help="write the decontaminated prompts (.json.gz) and exit")
+    ap.add_argument("--prompts", metavar="FILE", help="read prompts from --save-prompts output instead of the sources")
     a = ap.parse_args(argv)
 
     mix = {k: float(v) for k, v in (kv.split("=") for kv in a.mix.split(","))}
+    if a.save_prompts:  # same seed and order as a normal run, so record keys stay comparable across machines
+        D.save_prompts(D.load_prompts(list(mix), seed=a.seed), a.save_prompts)
+        print(f"prompts written to {a.save_prompts}")
+        return
     torch.set_num_threads(a.threads)
     if a.target is None:
         from jetflow_sglang.paths import default_paths
         a.target = default_paths()[0]
     tok = AutoTokenizer.from_pretrained(a.target)
     model = AutoModelForCausalLM.from_pretrained(a.target, dtype=getattr(torch, a.dtype)).to(a.device).eval()
-    prompts = D.load_prompts(list(mix), seed=a.seed)
+    prompts = D.read_prompts(a.prompts) if a.prompts else D.load_prompts(list(mix), seed=a.seed)
     print(json.dumps({s: len(p) for s, p in prompts.items()}), "prompts after decontamination", flush=True)
     t0 = time.time()
     recs = D.regenerate(model, tok, prompts, a.out, a.tokens, mix=mix, sample_frac=a.sample_frac,

@@ -70,6 +70,9 @@ def main(argv=None):
     held = lambda r: r["mode"] == "greedy" and zlib.crc32(r["key"].encode()) % 1000 < a.eval_frac * 1000  # noqa: E731
     n_taps_layers = make_head(model, True, torch.arange(8), a.layers, a.taps).config.tap_layers
     items = build_cache(model, recs, n_taps_layers, run / "features")
+    if a.device != "cpu":  # batches are then assembled on the device: no host copy of the taps per step
+        for it in items:
+            it["taps"], it["final"] = it["taps"].to(a.device), it["final"].to(a.device)
     train_items = [it for r, it in zip(recs, items) if not held(r)]
     eval_items = [it for r, it in zip(recs, items) if held(r)]
     n_cont = sum(len(it["ids"]) - it["prompt_len"] for it in train_items)

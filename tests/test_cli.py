@@ -66,6 +66,9 @@ def test_bad_input_errors(stack, capsys, tmp_path):
     from jetflow_sglang.head import JetFlowHead, JetFlowHeadConfig, save_head
     save_head(JetFlowHead(JetFlowHeadConfig.for_target(tiny_model("llama").config)), other)
     cases.append((["hi", "--head", str(other)], "built for another target"))
+    import torch
+    if not torch.cuda.is_available():  # asking for a GPU that is not there is bad input too
+        cases.append((["hi", "--device", "cuda"], "sees no CUDA device"))
     corrupt = tmp_path / "corrupt"
     corrupt.mkdir()
     (corrupt / "config.json").write_text(Path(head, "config.json").read_text())

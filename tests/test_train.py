@@ -269,3 +269,16 @@ def test_training_forward_matches_the_drafter(causal, tmp_path):
                     chain.add(ids[a + d], d - 1, 0.0)
                 lp = drafter.conditioned_logprobs(state, chain)
                 torch.testing.assert_close(lp[k], train_lp[k + 1], atol=1e-4, rtol=1e-4)
+
+
+def test_frozen_prompts_round_trip(tmp_path):
+    """--save-prompts / --prompts: a machine without the prompt sources gets the same prompts, in the same order."""
+    prompts = {"gsm8k": ["What is 2 + 2?", "Tom has 3 apples."], "code": ["def f(x):\n    '''Double x.'''"]}
+    D.save_prompts(prompts, tmp_path / "p.json.gz")
+    assert D.read_prompts(tmp_path / "p.json.gz") == prompts
+    bad = tmp_path / "bad.json.gz"
+    import gzip
+    with gzip.open(bad, "wt") as f:
+        f.write('["not", "a", "dict"]')
+    with pytest.raises(ValueError, match="expected"):
+        D.read_prompts(bad)

@@ -38,8 +38,9 @@ def load_head(head_dir, target=None, dtype: torch.dtype | None = None, device=No
         head.load_state_dict(state, strict=True)
     except (OSError, SafetensorError, RuntimeError, ValueError) as e:
         raise CheckpointError(f"corrupt or incompatible head weights in {path}: {e}") from e
-    if dtype is None and model is not None:
-        dtype = next(model.parameters()).dtype
+    if model is not None:  # the head runs beside its target: same dtype and device unless asked otherwise
+        dtype = dtype or next(model.parameters()).dtype
+        device = device or next(model.parameters()).device
     head = head.to(device=device, dtype=dtype) if dtype is not None else head.to(device=device)
     head.eval().requires_grad_(False)
     return head.bind(model) if model is not None else head

@@ -138,6 +138,20 @@ def decontaminate(prompts: list[str], grams: set, n: int = 13) -> list[str]:
     return [p for p in prompts if not (_ngrams(p, n) & grams)]
 
 
+def save_prompts(prompts: dict[str, list[str]], path: str | os.PathLike) -> None:
+    """Freeze loaded prompts into one gzipped json, for machines without the sources (e.g. a GPU box offline)."""
+    with gzip.open(path, "wt") as f:
+        json.dump(prompts, f)
+
+
+def read_prompts(path: str | os.PathLike) -> dict[str, list[str]]:
+    with gzip.open(path, "rt") as f:
+        prompts = json.load(f)
+    if not isinstance(prompts, dict) or not all(isinstance(v, list) for v in prompts.values()):
+        raise ValueError(f"{path}: expected {{source: [prompt, ...]}} as written by save_prompts")
+    return prompts
+
+
 def load_prompts(sources=SOURCES, seed: int = 0, decontam: bool = True) -> dict[str, list[str]]:
     """Each source's prompts, shuffled with `seed`; a prompt's index in its list is its stable id."""
     loaders = {"gsm8k": load_gsm8k_train, "sharegpt": load_sharegpt, "code": load_stdlib_code}
@@ -185,8 +199,9 @@ def generate_batch(model, prompt_ids: list[list[int]], max_new_tokens: int, eos_
     att = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in prompt_ids])
     kw = dict(do_sample=False) if temperature <= 0 else dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
     torch.manual_seed(seed)
+    dev = next(model.parameters()).device
     with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=att, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
+        out = model.generate(input_ids=ids.to(dev), attention_mask=att.to(dev), max_new_tokens=max_new_tokens, pad_token_id=pad_id,
                              eos_token_id=sorted(eos_ids), min_new_tokens=1, **kw)
     conts = []
     for row in out[:, L:].tolist():

@@ -79,9 +79,9 @@ def sample_batch(items: list[dict], rng: random.Random, seqs: int, blocks: int, 
     """Pick sequences and anchors; everything a head step needs except the mask flavour."""
     rows = [items[rng.randrange(len(items))] for _ in range(seqs)]
     T = max(len(r["ids"]) for r in rows)
-    nt = rows[0]["taps"].shape[1]
-    taps = torch.zeros(seqs, T, nt, dtype=torch.bfloat16)
-    final = torch.zeros(seqs, T, rows[0]["final"].shape[1], dtype=torch.bfloat16)
+    nt, dev = rows[0]["taps"].shape[1], rows[0]["taps"].device  # features may already sit on the GPU
+    taps = torch.zeros(seqs, T, nt, dtype=torch.bfloat16, device=dev)
+    final = torch.zeros(seqs, T, rows[0]["final"].shape[1], dtype=torch.bfloat16, device=dev)
     ids = torch.zeros(seqs, T, dtype=torch.long)
     anchors = torch.zeros(seqs, blocks, dtype=torch.long)
     lengths = torch.zeros(seqs, dtype=torch.long)
