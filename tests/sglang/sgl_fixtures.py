@@ -76,12 +76,13 @@ def build_tiny_head(target_dir, out, seed: int = 1) -> Path:
     return out
 
 
-def hf_greedy(model_dir, prompt_ids: list[int], max_new_tokens: int, stop_at_eos: bool = True) -> list[int]:
-    """Plain argmax loop with HF transformers: the losslessness reference (HF generate's min_new_tokens would
-    suppress EOS, so it is no reference for ignore_eos)."""
+def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int, stop_at_eos: bool = True) -> list[int]:
+    """Plain argmax loop with HF transformers (`model`: a loaded model or its folder): the losslessness reference
+    (HF generate's min_new_tokens would suppress EOS, so it is no reference for ignore_eos)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    if isinstance(model, (str, os.PathLike)):
+        model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     eos = model.config.eos_token_id
     ids, out = list(prompt_ids), []
     with torch.no_grad():

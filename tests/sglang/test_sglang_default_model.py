@@ -12,6 +12,7 @@ import requests
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from sgl_fixtures import hf_greedy  # noqa: E402
 from sgl_server import Server  # noqa: E402
 
 torch.set_num_threads(1)
@@ -52,16 +53,6 @@ def hf(default):
     return AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(target)
 
 
-def _greedy(model, ids, n):
-    cur, out = list(ids), []
-    with torch.no_grad():
-        for _ in range(n):
-            t = int(model(torch.tensor([cur])).logits[0, -1].argmax())
-            out.append(t)
-            cur.append(t)
-    return out
-
-
 def _chat_ids(tok, text):
     ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
@@ -72,7 +63,7 @@ def test_repetitive_prompt_deep_acceptance_and_lossless(default, hf):
     model, tok = hf
     ids = tok(REPEAT).input_ids
     out = srv.generate(input_ids=ids, sampling_params={"max_new_tokens": 40, "temperature": 0, "ignore_eos": True})
-    assert out["output_ids"] == _greedy(model, ids, 40)
+    assert out["output_ids"] == hf_greedy(model, ids, 40, stop_at_eos=False)
     # prompt lookup accepts whole repeats; the shipped (CPU-trained, weak) head accepts multi-node paths less often
     assert out["meta_info"]["spec_accept_length"] > (1.3 if shipped else 2.0), out["meta_info"]
 
@@ -83,7 +74,7 @@ def test_chat_prompts_lossless_and_accept_length(default, hf):
     for text in CHAT[:2]:
         ids = _chat_ids(tok, text)
         out = srv.generate(input_ids=ids, sampling_params={"max_new_tokens": 32, "temperature": 0, "ignore_eos": True})
-        assert out["output_ids"] == _greedy(model, ids, 32), text
+        assert out["output_ids"] == hf_greedy(model, ids, 32, stop_at_eos=False), text
     for text in CHAT[2:]:
         srv.generate(input_ids=_chat_ids(tok, text), sampling_params={"max_new_tokens": 32, "temperature": 0})
     avg = requests.get(srv.url + "/server_info", timeout=30).json()["internal_states"][0]["avg_spec_accept_length"]
