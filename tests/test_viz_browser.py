@@ -74,16 +74,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_app(tmp: Path, target: Path, head: Path, results: Path, name: str):
-    """The explorer in a subprocess on a free port; returns (process, url, log file)."""
+def start_app(tmp: Path, target: Path | None, head: Path | None, results: Path | None, name: str,
+              dtype: str = "float32"):
+    """The explorer in a subprocess on a free port; returns (process, url, log file). None: the app's default."""
     port = free_port()
     log = open(tmp / f"{name}.log", "w")
     env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "viz", "--target", str(target), "--head", str(head),
-                             "--dtype", "float32", "--port", str(port), "--threads", "1", "--results", str(results)],
+    args = [a for flag, v in (("--target", target), ("--head", head), ("--results", results)) if v for a in (flag, str(v))]
+    proc = subprocess.Popen([sys.executable, "-m", "viz", *args, "--dtype", dtype, "--port", str(port), "--threads", "1"],
                             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=Path(__file__).resolve().parent.parent)
     url = f"http://127.0.0.1:{port}/"
-    deadline = time.time() + 120
+    deadline = time.time() + 300  # the default model may be converted from its GGUF first
     while True:
         try:
             urllib.request.urlopen(url, timeout=2)
@@ -291,6 +292,30 @@ def test_missing_head_still_runs_with_ngram_and_says_so(tiny, browser):
         info = generate_and_wait(page)
         assert info["nodes"] >= 1 and info["path"][0] == 0
         page.screenshot(path=str(tmp / "explorer_no_head.png"), full_page=True)
+        page.close()
+    finally:
+        stop_app(proc, log)
+
+
+def test_default_model_and_shipped_head_draw_real_trees(tmp_path, browser):
+    """What `jetflow-explorer` opens: SmolLM2-135M-Instruct and the shipped head, with no flags. The trained head
+    must get more than one token per verify step on the math example, which a broken or random head does not."""
+    proc, url, log = start_app(tmp_path, None, None, None, "app_default", dtype="bfloat16")
+    try:
+        page = open_page(browser, url)
+        banner = page.locator("#jf-banner").inner_text()
+        assert "SmolLM2-135M-Instruct" in banner and "draft head missing" not in banner, banner
+        page.locator("#jf-ex-math").click()
+        sync_api.expect(page.locator("#jf-prompt textarea")).to_have_value(re.compile("Natalia"), timeout=30_000)
+        set_slider(page, "jf-budget", 16)
+        set_slider(page, "jf-max-tokens", 48)
+        info = generate_and_wait(page, timeout=300_000)
+        assert info["nodes"] == 16 and info["path"][0] == 0, info
+        assert sum(o < 1 for o in info["opacity"]) == 16 - len(info["path"]), "rejected nodes are not dimmed"
+        stats = page.locator("#jf-stats").inner_text()
+        tau = float(re.search(r"tau ([0-9.]+)", stats).group(1))
+        assert tau > 1.2, stats
+        page.screenshot(path=str(tmp_path / "explorer_default_model.png"), full_page=True)
         page.close()
     finally:
         stop_app(proc, log)
