@@ -2,6 +2,7 @@
 chat template, and a JetFlow head for it built with the core's head classes. Built in ~1 s, no network."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
