@@ -143,7 +143,9 @@ def test_load_results_accepts_common_layouts(tmp_path):
     (tmp_path / "b.json").write_text(__import__("json").dumps({"rows": rows + [{"drafter": "x"}]}))
     (tmp_path / "c.json").write_text(__import__("json").dumps({k: [v] for k, v in rows[0].items()}))
     (tmp_path / "bad.json").write_text("{not json")
-    assert list_results(tmp_path) == [str(tmp_path / f) for f in ("a.json", "b.json", "bad.json", "c.json")]
+    (tmp_path / "gpu").mkdir()
+    (tmp_path / "gpu" / "a.json").write_text(__import__("json").dumps(rows))
+    assert list_results(tmp_path) == [str(tmp_path / f) for f in ("a.json", "b.json", "bad.json", "c.json", "gpu/a.json")]
     for f in ("a.json", "b.json", "c.json"):
         assert load_results(tmp_path / f) == rows
     with pytest.raises(ValueError, match="cannot read"):

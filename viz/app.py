@@ -242,7 +242,7 @@ def build(models: Models, results_dir: Path = RESULTS_DIR) -> gr.Blocks:
         return [[r.get(c) for c in cols] for r in rows]
 
     def result_choices():
-        return [(Path(p).name, p) for p in list_results(results_dir)]
+        return [(str(Path(p).relative_to(results_dir)), p) for p in list_results(results_dir)]
 
     def load_file(path):
         try:

@@ -41,8 +41,9 @@ def sweep(target, drafters: dict, prompt_ids: Sequence[int], max_new_tokens: int
 
 
 def list_results(folder) -> list[str]:
+    """Result files in `folder` and its sub-folders (bench/results/h200/ holds the GPU run)."""
     folder = Path(folder)
-    return sorted(str(p) for p in folder.glob("*.json")) if folder.is_dir() else []
+    return sorted(str(p) for p in folder.rglob("*.json")) if folder.is_dir() else []
 
 
 def load_results(path) -> list[dict]:
