@@ -1,0 +1,149 @@
+"""The JETFLOW server configuration: one typed object, resolved once from SGLang's own flags plus three variables.
+
+SGLang flags (preferred; they exist for every speculative algorithm):
+    --speculative-num-draft-tokens N   budget: draft-tree nodes per request and round, root included (default 8).
+                                       It is also the number of KV slots SGLang reserves per request and step.
+    --speculative-eagle-topk K         width: children considered per tree node (default 8)
+    --speculative-num-steps D          depth: maximum tree depth (default: the head's block size - 1)
+    --speculative-draft-model-path P   the draft head folder (a head drafter is used when it is given)
+
+Environment (only what SGLang has no flag for; read once, never written):
+    JETFLOW_DRAFTER   jetflow | jetflow-branch | ddtree | dflash | ngram | ar
+                      (default: jetflow with a head, ngram without)
+    JETFLOW_BUDGET    auto | N     auto: each round's tree size adapts (up to the budget above);
+                                   N: a fixed budget, the same as --speculative-num-draft-tokens N
+                                   (giving both with different values is an error)
+    JETFLOW_TREE      exact | paper   how the tree is built from the head's per-depth top-k (default exact)
+
+SGLang keeps the raw flag values on its ServerArgs record (its resolution only adds declarations), so the launcher
+(the plugin's argument hook) and every scheduler process (the worker) compute the same config from the same record
+and the inherited environment; nothing is passed through os.environ writes.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+DRAFTERS = ("jetflow", "jetflow-branch", "ddtree", "dflash", "ngram", "ar")  # = drafters.DRAFTERS (tested)
+HEAD_DRAFTERS = ("jetflow", "jetflow-branch", "ddtree", "dflash")
+TREES = ("exact", "paper")
+DEFAULT_BUDGET = 8
+DEFAULT_WIDTH = 8
+MAX_BUDGET = 1024  # one verify forward of bs x budget tokens; larger is surely a typo
+ENV_VARS = ("JETFLOW_DRAFTER", "JETFLOW_BUDGET", "JETFLOW_TREE")
+RETIRED_ENV = {  # read by earlier versions; failing beats silently ignoring them
+    "JETFLOW_WIDTH": "--speculative-eagle-topk",
+    "JETFLOW_DEPTH": "--speculative-num-steps",
+}
+FLAGS = {"budget": "--speculative-num-draft-tokens", "width": "--speculative-eagle-topk",
+         "depth": "--speculative-num-steps"}
+
+
+class JetFlowConfigError(ValueError):
+    """A bad JETFLOW setting; the message is one line that names the flag or variable."""
+
+
+@dataclass(frozen=True)
+class JetFlowServerConfig:
+    drafter: str
+    budget: int  # max tree nodes incl. root = KV slots reserved per request per step
+    adaptive: bool  # JETFLOW_BUDGET=auto: each round picks <= budget nodes
+    width: int
+    depth: int | None  # None: the head's block size - 1
+    tree: str  # "exact" | "paper"
+    head_dir: str | None = None
+
+    @property
+    def needs_head(self) -> bool:
+        return self.drafter in HEAD_DRAFTERS
+
+    @classmethod
+    def from_server_args(cls, server_args, env: Mapping[str, str] | None = None) -> "JetFlowServerConfig":
+        """Resolve from an SGLang ServerArgs record (or any object with its field names) and the environment
+        (`env`, default os.environ). Raises JetFlowConfigError with a one-line message on any bad value."""
+        env = os.environ if env is None else env
+        raw = _raw_fields(server_args)
+        for name, flag in RETIRED_ENV.items():
+            if env.get(name, "") != "":
+                raise JetFlowConfigError(f"{name} is no longer read; use {flag} instead")
+        head_dir = raw.get("speculative_draft_model_path") or None
+        head_dir = str(head_dir) if head_dir is not None else None
+
+        drafter = (env.get("JETFLOW_DRAFTER") or "").strip().lower() or ("jetflow" if head_dir else "ngram")
+        if drafter not in DRAFTERS:
+            raise JetFlowConfigError(f"JETFLOW_DRAFTER={drafter!r} is not a drafter; choose one of {', '.join(DRAFTERS)}")
+        if drafter in HEAD_DRAFTERS and not head_dir:
+            raise JetFlowConfigError(f"JETFLOW_DRAFTER={drafter} needs a draft head: pass "
+                                     "--speculative-draft-model-path HEAD_DIR (or use JETFLOW_DRAFTER=ngram)")
+
+        tree = (env.get("JETFLOW_TREE") or "exact").strip().lower()
+        if tree not in TREES:
+            raise JetFlowConfigError(f"JETFLOW_TREE={tree!r} is not a tree builder; choose one of {', '.join(TREES)}")
+
+        budget, adaptive = _budget(raw.get("speculative_num_draft_tokens"), env.get("JETFLOW_BUDGET"))
+        width = _flag_int("width", raw.get("speculative_eagle_topk"), DEFAULT_WIDTH)
+        depth = _flag_int("depth", raw.get("speculative_num_steps"), None)
+        return cls(drafter=drafter, budget=budget, adaptive=adaptive, width=width, depth=depth, tree=tree,
+                   head_dir=head_dir)
+
+    def describe(self) -> str:
+        mode = "auto, up to" if self.adaptive else "fixed"
+        return (f"drafter={self.drafter} budget={mode} {self.budget} width={self.width} "
+                f"depth={self.depth if self.depth is not None else 'head'} tree={self.tree}")
+
+
+def _raw_fields(server_args) -> dict:
+    """The values the operator gave. On a resolved SGLang record the fields themselves still hold the raw input
+    (`_raw_input` is the snapshot taken when resolution starts); on a resolving view or a plain namespace they are
+    read as attributes."""
+    names = ("speculative_num_draft_tokens", "speculative_eagle_topk", "speculative_num_steps",
+             "speculative_draft_model_path")
+    snap = getattr(server_args, "_raw_input", None)
+    if isinstance(snap, dict):
+        return {n: snap.get(n) for n in names}
+    return {n: getattr(server_args, n, None) for n in names}
+
+
+def _as_int(what: str, value) -> int:
+    if isinstance(value, bool):
+        raise JetFlowConfigError(f"{what} must be a positive integer; got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise JetFlowConfigError(f"{what} must be a positive integer; got {value!r}") from None
+
+
+def _flag_int(key: str, value, default):
+    if value is None:
+        return default
+    v = _as_int(FLAGS[key], value)
+    if v < 1:
+        raise JetFlowConfigError(f"{FLAGS[key]} must be at least 1 for JETFLOW; got {v}")
+    if v > MAX_BUDGET:
+        raise JetFlowConfigError(f"{FLAGS[key]} must be at most {MAX_BUDGET}; got {v}")
+    return v
+
+
+def _budget(flag, env_value) -> tuple[int, bool]:
+    """(budget, adaptive) from --speculative-num-draft-tokens and JETFLOW_BUDGET (see the module docstring)."""
+    from_flag = _flag_int("budget", flag, None)
+    mode = (env_value or "").strip().lower()
+    if mode == "":
+        return (from_flag or DEFAULT_BUDGET), False
+    if mode == "auto":
+        return (from_flag or DEFAULT_BUDGET), True
+    try:
+        n = int(mode)
+    except ValueError:
+        raise JetFlowConfigError(f"JETFLOW_BUDGET must be auto or a positive integer; got {env_value!r}") from None
+    if not 1 <= n <= MAX_BUDGET:
+        raise JetFlowConfigError(f"JETFLOW_BUDGET must be auto or an integer in 1..{MAX_BUDGET}; got {n}")
+    if from_flag is not None and from_flag != n:
+        raise JetFlowConfigError(f"JETFLOW_BUDGET={n} conflicts with --speculative-num-draft-tokens {from_flag}; "
+                                 "set only one")
+    return n, False
