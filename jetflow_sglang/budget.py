@@ -1,93 +1,367 @@
-"""A tree budget that adapts to acceptance and load.
+"""A tree budget that adapts to acceptance and cost, and never loses to plain decoding.
 
-The best budget maximises tokens per second: batch * tau(B) / (t_draft + t_verify(batch * B)). Both sides are learnt
-online, for free:
+The best budget maximises tokens per second: batch * tau(b) / (t_draft(b) + t_verify(batch * b)).
 - tau(b) for every b <= B comes out of each verified tree: trees are grown best-first, so the first b nodes of a
-  budget-B tree are exactly the budget-b tree, and its accepted length is the deepest accepted node with index < b;
-- t_verify(n) is measured per verify forward and kept per bucket of verified tokens (batch * tree size).
-Budgets above the current choice are explored now and then, so estimates stay fresh and the budget can grow again
-when load drops.
+  budget-B tree are exactly the budget-b tree, and its accepted length is the deepest accepted node with index < b.
+  tau(1) = 1 exactly (budget 1 is a root-only tree: plain decoding, no head forward); budget 0 (allow_zero, SGLang)
+  is plain decoding without any verify tree, also tau = 1.
+- t_verify(n) starts from a cost prior (measured verify forwards at a few sizes, `measure_cost_prior`, or a given
+  {tokens: seconds} dict) and is replaced by the measured cost per bucket of verified tokens as rounds come in.
+- The first budget is the prior's best, never above 16 and never the largest. Larger budgets are explored only when
+  their optimistic rate (an upper confidence bound on tau, extrapolated with diminishing returns from the largest
+  observed budget) beats the current best by the hysteresis margin, so exploration stops once it is ruled out
+  (regret grows like log(rounds)). The current budget is kept unless another one is better by the same margin.
 """
 from __future__ import annotations
 
+import json
 import math
+import os
+import platform
 import random
+import time
+from typing import Sequence
 
 from .tree import MAX_BUDGET, check_budget
 
 LADDER = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+FIRST_CAP = 16  # the first choice never exceeds this (and never the largest rung)
+PRIOR_SLOPE = 0.35  # tau prior before any tree is verified: 1 + PRIOR_SLOPE * log2(b)
+WARMUP = 2  # rounds at the first choice before deciding
+GAIN_SD_FLOOR = 0.3  # a gain's spread is not known from one or two rounds
+UCB_C = 1.0  # width of the confidence bound on tau, in standard deviations at log(rounds) = 1
+NEUTRAL_PRIOR = {1: 1.0, 64: 2.0, 256: 5.0}  # relative verify cost when nothing is measured
 
 
 def _bucket(n_tokens: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(1, n_tokens))))
 
 
+def interp_cost(table: dict[int, float], n: float) -> float:
+    """Cost of verifying n tokens from {n: seconds}: log-linear between points, linear beyond the largest."""
+    xs = sorted(table)
+    if n <= xs[0]:
+        return table[xs[0]]
+    for lo, hi in zip(xs, xs[1:]):
+        if n <= hi:
+            w = (math.log2(n) - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
+            return table[lo] * (1 - w) + table[hi] * w
+    hi = xs[-1]
+    if len(xs) == 1:  # one point: the neutral shape, scaled to it
+        return table[hi] * interp_cost(NEUTRAL_PRIOR, n) / interp_cost(NEUTRAL_PRIOR, hi)
+    lo = xs[-2]
+    slope = max(0.0, (table[hi] - table[lo]) / (hi - lo))
+    return table[hi] + slope * (n - hi)
+
+
+class _Decayed:
+    """Exponentially decayed mean and variance (decayed once per round), and the raw count of rounds seen."""
+    __slots__ = ("w", "s", "s2", "n")
+
+    def __init__(self):
+        self.w = self.s = self.s2 = 0.0
+        self.n = 0
+
+    def add(self, xs: list[float], decay: float) -> None:
+        self.w = decay * self.w + len(xs)
+        self.s = decay * self.s + sum(xs)
+        self.s2 = decay * self.s2 + sum(x * x for x in xs)
+        self.n += 1
+
+    @property
+    def mean(self) -> float:
+        return self.s / self.w
+
+    @property
+    def std(self) -> float:
+        return math.sqrt(max(0.0, self.s2 / self.w - self.mean ** 2))
+
+
 class AdaptiveBudget:
-    def __init__(self, max_budget: int = 256, min_budget: int = 1, decay: float = 0.95, explore: float = 0.05, seed: int = 0):
+    """choose(batch) -> tree size for the next round; observe(...) after it. See INTERFACES.md "budget.py"."""
+
+    def __init__(self, max_budget: int = 256, *, min_budget: int = 1, cost_prior: dict[int, float] | None = None,
+                 draft_prior_s: float | None = None, allow_zero: bool = False, decay: float = 0.95,
+                 hysteresis: float = 0.05, seed: int = 0):
         check_budget(max_budget)
         check_budget(min_budget)
         if min_budget > max_budget:
             raise ValueError(f"min_budget {min_budget} > max_budget {max_budget}")
-        self.ladder = [b for b in LADDER if min_budget <= b <= max_budget] or [max_budget]
-        self.decay, self.explore = decay, explore
-        self.accepted = {b: 0.0 for b in self.ladder}  # decayed sums of accepted tokens (bonus included) per round
-        self.rounds = {b: 0.0 for b in self.ladder}
-        self.verify_s: dict[int, float] = {}  # bucket of verified tokens -> decayed mean seconds
-        self.draft_s = 0.0
+        if cost_prior is not None and (not cost_prior or any(int(k) < 1 or v <= 0 for k, v in cost_prior.items())):
+            raise ValueError(f"cost_prior must map token counts >= 1 to positive seconds; got {cost_prior!r}")
+        self.ladder = ([0] if allow_zero else []) + [b for b in LADDER if min_budget <= b <= max_budget]
+        if max_budget not in self.ladder:
+            self.ladder.append(max_budget)
+        self.prior = {int(k): float(v) for k, v in (cost_prior or NEUTRAL_PRIOR).items()}
+        self.draft_prior = draft_prior_s if draft_prior_s is not None else 0.25 * interp_cost(self.prior, 1)
+        self.decay, self.hysteresis = decay, hysteresis
+        # per rung b >= 2: tokens a budget-b tree accepts beyond the rung below it, per request and round (paired)
+        self.inc = {b: _Decayed() for b in self.ladder if b >= 2}
+        self.verify_s: dict[int, float] = {}  # bucket of verified tokens -> decayed mean seconds (trees)
+        self.plain_s: dict[int, float] = {}  # bucket of batch -> seconds of a plain decode step (budget 0)
+        self.draft_s: dict[int, float] = {}  # rung -> decayed mean seconds of a drafting round
+        self.t = 0  # rounds observed
+        self.current: int | None = None
+        self.explored = 0  # rounds spent on exploration (for tests and reports)
         self.rng = random.Random(seed)
 
+    # ---- estimates ----------------------------------------------------------------------------------------------
     def tau(self, b: int) -> float | None:
-        return self.accepted[b] / self.rounds[b] if self.rounds[b] > 0.5 else None
-
-    def cost(self, n_tokens: int) -> float | None:
-        known = sorted(self.verify_s)
-        if not known:
+        """Accepted tokens per round at budget b: 1 + the paired gains of every rung up to b."""
+        if b <= 1:
+            return 1.0
+        rung = self._rung(b)
+        if self.inc[rung].w <= 0.5:
             return None
+        return 1.0 + sum(a.mean for r, a in self.inc.items() if r <= rung)
+
+    def _rung(self, b: int) -> int:
+        return max([r for r in self.ladder if r <= b], default=self.ladder[0])
+
+    def cost(self, n_tokens: int) -> float:
+        """Seconds of one verify forward over n_tokens: measured buckets, the prior (rescaled to them) elsewhere."""
         bucket = _bucket(n_tokens)
         if bucket in self.verify_s:
             return self.verify_s[bucket]
-        lo = max([k for k in known if k < bucket], default=None)
-        hi = min([k for k in known if k > bucket], default=None)
-        if lo is None:
-            return self.verify_s[hi]  # no smaller measurement: verify cost never drops below a larger tree's... nearly
-        if hi is None:  # beyond measurements: grow linearly from the largest (verify becomes compute-bound)
-            return self.verify_s[lo] * bucket / lo
-        w = (math.log2(bucket) - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
-        return self.verify_s[lo] * (1 - w) + self.verify_s[hi] * w
+        table = {k: v * self._prior_scale() for k, v in self.prior.items()}
+        table.update(self.verify_s)
+        return interp_cost(table, n_tokens)
 
+    def _prior_scale(self) -> float:
+        if not self.verify_s:
+            return 1.0
+        ratios = [v / interp_cost(self.prior, k) for k, v in self.verify_s.items()]
+        return math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+
+    def draft_cost(self, b: int) -> float:
+        if b == 0:
+            return 0.0
+        rung = self._rung(b)
+        if rung in self.draft_s:
+            return self.draft_s[rung]
+        if b == 1:  # no head forward; the head may still advance its context
+            return 0.5 * self.draft_prior
+        known = [r for r in self.draft_s if r >= 2]
+        return self.draft_s[min(known, key=lambda r: abs(math.log2(r) - math.log2(rung)))] if known else self.draft_prior
+
+    def round_cost(self, b: int, batch: int) -> float:
+        if b == 0:
+            return self.plain_s.get(_bucket(batch)) or self.cost(batch)
+        return self.draft_cost(b) + self.cost(batch * b)
+
+    def _largest_observed(self) -> int | None:
+        seen = [b for b, a in self.inc.items() if a.w > 0.5]
+        return max(seen) if seen else None
+
+    def tau_optimistic(self, b: int) -> float:
+        """An upper confidence bound on tau(b). Gains are paired (each tree measures a rung and the one below it on
+        the same round), so they are far less noisy than tau itself; an unseen rung gains at most what the last one
+        did (diminishing returns), plus the same confidence width."""
+        if b <= 1:
+            return 1.0
+        logt = math.log(2 + self.t)
+        rung, top = self._rung(b), self._largest_observed()
+        if top is None:
+            return 1 + PRIOR_SLOPE * math.log2(b) + UCB_C * math.sqrt(logt)
+        if rung <= top:
+            a = self.inc[rung]
+            return self.tau(rung) + UCB_C * max(a.std, GAIN_SD_FLOOR) * math.sqrt(logt / a.n)
+        a = self.inc[top]
+        steps = sum(1 for r in self.inc if top < r <= rung)
+        return self.tau(top) + steps * (a.mean + UCB_C * max(a.std, GAIN_SD_FLOOR) * math.sqrt(logt / a.n))
+
+    def rate(self, b: int, batch: int = 1, optimistic: bool = False) -> float | None:
+        tau = self.tau_optimistic(b) if optimistic else self.tau(b)
+        return None if tau is None else batch * tau / self.round_cost(b, batch)
+
+    # ---- decisions ----------------------------------------------------------------------------------------------
     def choose(self, batch: int = 1) -> int:
-        tried = [b for b in self.ladder if self.tau(b) is not None]
-        if not tried:
-            return self.ladder[-1]  # the first round measures every smaller budget at once
-
-        def rate(b):
-            c = self.cost(batch * b)
-            return batch * self.tau(b) / (self.draft_s + c) if c else 0.0
-        best = max(tried, key=rate)
-        bigger = [b for b in self.ladder if b > best]
-        if bigger and self.rng.random() < self.explore:  # refresh what a larger tree would accept now
-            return self.rng.choice(bigger[:2])
+        if self.current is None:
+            self.current = self._first_choice(batch)
+        if self.t < WARMUP:  # a few rounds at the first choice measure tau for every budget up to it at once
+            return self.current
+        known = [b for b in self.ladder if self.tau(b) is not None]
+        best = max(known, key=lambda b: self.rate(b, batch))
+        cur = self.current if self.current in known else best
+        if self.rate(cur, batch) >= (1 - self.hysteresis) * self.rate(best, batch):
+            best = cur  # hysteresis: stay unless another budget is clearly better
+        self.current = best
+        bar = (1 + self.hysteresis) * self.rate(best, batch)
+        top = self._largest_observed() or 1
+        # only larger trees teach something new; never more than one doubling past what has been seen
+        bigger = [b for b in self.ladder if b > max(best, 1) and (b <= top or b == self._next_rung(top))]
+        if bigger:
+            cand = max(bigger, key=lambda b: self.rate(b, batch, optimistic=True))
+            if self.rate(cand, batch, optimistic=True) > bar:
+                self.explored += 1
+                return cand
         return best
 
-    def observe(self, accepted_node_ids: list[int], budget: int, batch: int, verify_s: float, draft_s: float = 0.0) -> None:
-        """accepted_node_ids: the accepted path of one request (root first, tree node indices); budget: its tree size."""
-        for b in self.ladder:
+    def _next_rung(self, b: int) -> int | None:
+        return min([r for r in self.ladder if r > b], default=None)
+
+    def _first_choice(self, batch: int) -> int:
+        cands = [b for b in self.ladder if b <= FIRST_CAP and (b < self.ladder[-1] or len(self.ladder) == 1)]
+        prior_tau = lambda b: 1.0 if b <= 1 else 1 + PRIOR_SLOPE * math.log2(b)  # noqa: E731
+        return max(cands or self.ladder[:1], key=lambda b: batch * prior_tau(b) / self.round_cost(b, batch))
+
+    # ---- feedback -----------------------------------------------------------------------------------------------
+    def observe(self, path, budget: int, batch: int = 1, verify_s: float = 0.0, draft_s: float = 0.0) -> None:
+        """path: accepted node ids of one request, root first; budget: its tree size (0: a plain decode step)."""
+        self._observe_paths([_ids(path)], budget, batch, verify_s, draft_s)
+
+    def observe_batch(self, accept_index, budget: int, verify_s: float, draft_s: float = 0.0) -> None:
+        """accept_index: [b, Dmax+1] accepted node ids per request, -1 padded (tensor or nested lists)."""
+        rows = accept_index.tolist() if hasattr(accept_index, "tolist") else accept_index
+        rows = [_ids(r) for r in rows]
+        if rows:
+            self._observe_paths(rows, budget, len(rows), verify_s, draft_s)
+
+    def _observe_paths(self, paths: list[list[int]], budget: int, batch: int, verify_s: float, draft_s: float) -> None:
+        self.t += 1
+        budget, batch = int(budget), max(1, int(batch))
+        prev = [1] * len(paths)  # rung 1 (or 0) accepts the bonus token only
+        for b, gain in self.inc.items():
             if b > budget:
                 break
-            depth = sum(1 for i in accepted_node_ids[1:] if i < b)  # nodes < b on a prefix-closed path form its prefix
-            self.accepted[b] = self.decay * self.accepted[b] + depth + 1
-            self.rounds[b] = self.decay * self.rounds[b] + 1
-        key = _bucket(batch * budget)
-        old = self.verify_s.get(key)
-        self.verify_s[key] = verify_s if old is None else 0.8 * old + 0.2 * verify_s
-        self.draft_s = 0.8 * self.draft_s + 0.2 * draft_s if self.draft_s else draft_s
+            # nodes < b on a prefix-closed path form its prefix, so they are what the budget-b tree would accept
+            now = [1 + sum(1 for i in path[1:] if i < b) for path in paths]
+            gain.add([x - y for x, y in zip(now, prev)], self.decay)
+            prev = now
+        if verify_s > 0:
+            table, key = (self.plain_s, _bucket(batch)) if budget == 0 else (self.verify_s, _bucket(batch * budget))
+            old = table.get(key)
+            table[key] = verify_s if old is None else 0.8 * old + 0.2 * verify_s
+        if budget >= 1 and draft_s >= 0:
+            rung = self._rung(budget)
+            old = self.draft_s.get(rung)
+            self.draft_s[rung] = draft_s if old is None else 0.8 * old + 0.2 * draft_s
+
+
+def _ids(path) -> list[int]:
+    path = path.tolist() if hasattr(path, "tolist") else path
+    return [int(i) for i in path if int(i) >= 0]
 
 
 def parse_budget(value) -> int | str:
     """An int in [1, 512] or 'auto'."""
     if isinstance(value, str) and value.strip().lower() == "auto":
         return "auto"
-    return check_budget(int(value))
+    try:
+        return check_budget(int(value))
+    except (TypeError, ValueError):
+        raise ValueError(f"budget must be an integer in [1, {MAX_BUDGET}] or 'auto'; got {value!r}") from None
 
 
-__all__ = ["AdaptiveBudget", "LADDER", "MAX_BUDGET", "parse_budget"]
+# ---- the cost prior ---------------------------------------------------------------------------------------------
+PRIOR_SIZES = (1, 4, 16, 64)
+_MEMO: dict[str, dict[int, float]] = {}
+
+
+def profile_key(target) -> str:
+    """Model shape + dtype + device + machine: what a verify cost depends on."""
+    import torch
+
+    cfg = target.config
+    dev = target.device
+    fields = {
+        "model": getattr(cfg, "_name_or_path", "") or "",
+        "shape": [getattr(cfg, k, None) for k in ("model_type", "hidden_size", "num_hidden_layers", "intermediate_size",
+                                                   "num_attention_heads", "num_key_value_heads", "vocab_size")],
+        "dtype": str(target.dtype), "device": str(dev),
+        "accel": torch.cuda.get_device_name(dev) if dev.type == "cuda" else _cpu_model(),
+        "threads": torch.get_num_threads(), "torch": torch.__version__,
+    }
+    return json.dumps(fields, sort_keys=True)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _profile_path():
+    from .paths import cache_dir
+
+    return cache_dir() / "cost_profile.json"
+
+
+def _load_profiles() -> dict:
+    try:
+        return json.loads(_profile_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_profile(key: str, prof: dict[int, float]) -> None:
+    path = _profile_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = _load_profiles()
+        data[key] = {str(k): v for k, v in prof.items()}
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache only costs a re-measurement next time
+
+
+def measure_cost_prior(target, sizes: Sequence[int] = PRIOR_SIZES, reps: int = 3, cache: bool = True) -> dict[int, float]:
+    """{tree size: seconds} of target.verify (min of reps, sizes interleaved) after a short prefill.
+
+    Cached in memory, and on disk under paths.cache_dir() for named checkpoints, keyed by `profile_key`.
+    Leaves the target's KV cache in a scratch state: prefill again before generating.
+    """
+    sizes = sorted({check_budget(int(n)) for n in sizes})
+    key = profile_key(target)
+    persist = cache and bool(getattr(target.config, "_name_or_path", ""))
+    stored = _MEMO.get(key) or (_load_profiles().get(key) if persist else None)
+    if stored and all(str(n) in stored or n in stored for n in sizes):
+        prof = {int(k): float(v) for k, v in stored.items()}
+        _MEMO[key] = prof
+        return {n: prof[n] for n in sizes}
+    prof = _time_verify(target, sizes, reps)
+    if cache:
+        _MEMO[key] = prof
+    if persist:
+        _save_profile(key, prof)
+    return prof
+
+
+def _time_verify(target, sizes: list[int], reps: int) -> dict[int, float]:
+    import torch
+
+    from .tree import DraftTree
+
+    vocab = int(target.config.vocab_size)
+    prompt = [(7 * i + 3) % vocab for i in range(64)]
+    sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
+    target.prefill(prompt)
+    best = {n: float("inf") for n in sizes}
+    for rep in range(reps + 1):  # rep 0 warms up (allocations, kernel selection) and is not counted
+        for n in sizes:
+            tree = DraftTree.root(prompt[-1])
+            for i in range(1, n):
+                tree.add(prompt[i % len(prompt)], (i - 1) // 4, 0.0)  # bushy: 4 children per node
+            sync()
+            t0 = time.perf_counter()
+            target.verify(tree)
+            sync()
+            if rep:
+                best[n] = min(best[n], time.perf_counter() - t0)
+            target.commit([0])
+    return best
+
+
+def auto_budget(target, max_budget: int = 256, **kw) -> AdaptiveBudget:
+    """The controller engine.generate uses for budget="auto": a measured (or cached) verify-cost prior."""
+    return AdaptiveBudget(max_budget=max_budget, cost_prior=measure_cost_prior(target), **kw)
+
+
+__all__ = ["AdaptiveBudget", "LADDER", "MAX_BUDGET", "auto_budget", "interp_cost", "measure_cost_prior",
+           "parse_budget", "profile_key"]

@@ -8,7 +8,7 @@ from typing import Iterator
 import torch
 from transformers import DynamicCache
 
-from .budget import AdaptiveBudget, parse_budget
+from .budget import auto_budget, parse_budget
 from .target import Target
 from .tree import DraftTree
 from .verify import check_sampling, greedy_accept, process_logits, sample_accept
@@ -63,7 +63,7 @@ def generate(target: Target, drafter, prompt_ids, max_new_tokens: int = 128, bud
              max_budget: int = 256) -> Iterator[Round]:
     """budget: tree nodes per verify step (1-512, root included), or "auto" to learn the fastest one online."""
     budget = parse_budget(budget)
-    auto = AdaptiveBudget(max_budget=max_budget) if budget == "auto" else None
+    auto = auto_budget(target, max_budget) if budget == "auto" else None  # prior: verify cost measured once per machine
     _check(target, prompt_ids, max_new_tokens, temperature, top_k, top_p)
     gen = torch.Generator().manual_seed(seed)
     eos = set(eos_ids)

@@ -1,45 +1,168 @@
+import json
+import math
 import random
 
 import pytest
 
-from jetflow_sglang.budget import AdaptiveBudget, parse_budget
-from jetflow_sglang.drafters import make_drafter
-from jetflow_sglang.engine import autoregressive, run
-from jetflow_sglang.target import Target
-from tests.helpers import tiny_head, tiny_model
+from jetflow_sglang.budget import AdaptiveBudget, interp_cost, parse_budget
+
+CPU_COST = {1: 36.0, 4: 41.0, 8: 45.0, 16: 55.0, 32: 70.0, 64: 100.0, 128: 170.0, 256: 320.0}  # ms, bf16 2 threads
 
 
-def simulate(batch: int, rounds: int = 300) -> AdaptiveBudget:
-    """Acceptance like a decent drafter (geometric along the best-first order); verify time grows with tokens."""
-    ctl, rng = AdaptiveBudget(max_budget=256, explore=0.1, seed=1), random.Random(0)
-    for _ in range(rounds):
-        b = ctl.choose(batch)
-        # path nodes at indices 1, 3, 7, 15, ...: deeper acceptance needs a bigger tree
-        path = [0]
-        for idx in (1, 3, 7, 15, 31, 63, 127, 255):
-            if idx < b and rng.random() < 0.8:
-                path.append(idx)
-            else:
-                break
-        ctl.observe(path, b, batch, verify_s=0.01 + 0.0005 * batch * b, draft_s=0.002)
-    return ctl
+def accepted_path(b: int, p: float, rng: random.Random) -> list[int]:
+    """Acceptance like a decent drafter: path nodes at 1, 3, 7, 15, ... so deeper acceptance needs a bigger tree."""
+    path = [0]
+    for idx in (1, 3, 7, 15, 31, 63, 127, 255):
+        if idx < b and rng.random() < p:
+            path.append(idx)
+        else:
+            break
+    return path
+
+
+def simulate(policy, cost, draft: float, p: float, tokens: int = 128, batch: int = 1, seed: int = 0,
+             plain: float | None = None) -> tuple[float, AdaptiveBudget | None]:
+    """Simulated seconds to emit `tokens` per request. policy: a fixed budget or an AdaptiveBudget."""
+    rng, done, clock = random.Random(seed), 0, 0.0
+    ctl = policy if isinstance(policy, AdaptiveBudget) else None
+    while done < tokens:
+        b = ctl.choose(batch) if ctl else policy
+        if b == 0:
+            verify_s, draft_s, paths = plain if plain is not None else cost(batch), 0.0, [[0]] * batch
+        else:
+            verify_s, draft_s = cost(batch * b), (draft if b > 1 else 0.2 * draft)
+            paths = [accepted_path(b, p, rng) for _ in range(batch)]
+        clock += verify_s + draft_s
+        done += len(paths[0])
+        if ctl:
+            for path in paths:
+                ctl.observe(path, b, batch, verify_s=verify_s, draft_s=draft_s)
+    return clock, ctl
+
+
+def cpu_cost(n: int) -> float:
+    return interp_cost(CPU_COST, n) / 1000
+
+
+def total(policy_fn, cost, draft, p, seeds=range(8), **kw) -> float:
+    return sum(simulate(policy_fn(), cost, draft, p, seed=s, **kw)[0] for s in seeds)
+
+
+def test_picks_plain_decoding_when_speculation_does_not_pay():
+    steep = lambda n: 0.030 + 0.012 * (n - 1)  # noqa: E731  verify cost grows fast with the tree
+    prior = {n: steep(n) for n in (1, 4, 16, 64)}
+    _, ctl = simulate(AdaptiveBudget(cost_prior=prior), steep, draft=0.015, p=0.5)
+    assert ctl.choose() == 1
+    plain = total(lambda: 1, steep, 0.015, 0.5)
+    auto = total(lambda: AdaptiveBudget(cost_prior=prior), steep, 0.015, 0.5)
+    assert auto <= 1.05 * plain, (auto, plain)
+    _, ctl0 = simulate(AdaptiveBudget(cost_prior=prior, allow_zero=True), steep, draft=0.015, p=0.5, plain=0.029)
+    assert ctl0.choose() == 0
+
+
+def test_picks_a_large_budget_when_verify_is_nearly_free():
+    flat = lambda n: 0.020 + 0.00001 * n  # noqa: E731
+    _, ctl = simulate(AdaptiveBudget(cost_prior={n: flat(n) for n in (1, 4, 16, 64)}), flat, draft=0.002, p=0.9,
+                      tokens=400)
+    assert ctl.choose() >= 64, ctl.choose()
+
+
+@pytest.mark.parametrize("p", [0.3, 0.6, 0.85])
+def test_auto_is_within_10_percent_of_the_best_fixed_budget(p):
+    prior = {n: cpu_cost(n) for n in (1, 4, 16, 64)}
+    fixed = {b: total(lambda b=b: b, cpu_cost, 0.008, p) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)}
+    best = min(fixed.values())
+    auto = total(lambda: AdaptiveBudget(cost_prior=prior), cpu_cost, 0.008, p)
+    assert auto <= 1.10 * best, (auto, fixed)
+    assert auto <= fixed[1] * 1.02, "never slower than plain decoding"
+
+
+def test_regret_grows_slowly():
+    """Exploration rounds grow like log(rounds), not linearly."""
+    prior = {n: cpu_cost(n) for n in (1, 4, 16, 64)}
+    explored = []
+    for tokens in (200, 2000):
+        _, ctl = simulate(AdaptiveBudget(cost_prior=prior), cpu_cost, 0.008, 0.7, tokens=tokens)
+        explored.append(ctl.explored / ctl.t)
+    assert explored[1] < 0.5 * explored[0] + 0.01, explored
+    assert explored[1] < 0.05
+
+
+def test_never_starts_at_the_largest_tree():
+    free = {1: 1.0, 512: 1.0}
+    for ctl in (AdaptiveBudget(), AdaptiveBudget(cost_prior=free), AdaptiveBudget(max_budget=32, cost_prior=free)):
+        first = ctl.choose()
+        assert 1 <= first <= 16 and first < ctl.ladder[-1]
 
 
 def test_budget_shrinks_as_load_grows():
-    light, heavy = simulate(batch=1).choose(1), simulate(batch=32).choose(32)
-    assert heavy < light, (light, heavy)
-    ctl = simulate(batch=1)
-    assert ctl.tau(1) == pytest.approx(1.0) and ctl.tau(16) > ctl.tau(4) > 1.0
+    linear = lambda n: 0.01 + 0.0005 * n  # noqa: E731
+    prior = {n: linear(n) for n in (1, 4, 16, 64, 256)}
+    _, light = simulate(AdaptiveBudget(cost_prior=prior), linear, 0.002, 0.8, tokens=600)
+    _, heavy = simulate(AdaptiveBudget(cost_prior=prior), linear, 0.002, 0.8, tokens=600, batch=32)
+    assert heavy.choose(32) < light.choose(1), (light.choose(1), heavy.choose(32))
+    assert light.tau(1) == 1.0 and light.tau(16) > light.tau(4) > 1.0
+
+
+def test_one_tree_teaches_every_smaller_budget():
+    ctl = AdaptiveBudget(cost_prior={1: 1.0})
+    ctl.observe([0, 1, 3, 9], 16, verify_s=1.0, draft_s=0.1)  # node 9 lies beyond the budget-8 tree
+    assert ctl.tau(16) == 4 and ctl.tau(8) == 3 and ctl.tau(4) == 3 and ctl.tau(2) == 2 and ctl.tau(32) is None
+
+
+def test_observe_batch_takes_padded_accept_index():
+    torch = pytest.importorskip("torch")
+    ctl = AdaptiveBudget(cost_prior={1: 1.0})
+    ctl.observe_batch(torch.tensor([[0, 1, 2], [0, -1, -1]]), 4, verify_s=2.0, draft_s=0.2)
+    assert ctl.tau(4) == pytest.approx(2.0) and ctl.cost(8) == 2.0
+
+
+def test_cost_interpolation_is_monotone():
+    xs = [interp_cost(CPU_COST, n) for n in range(1, 600, 7)]
+    assert all(b >= a for a, b in zip(xs, xs[1:]))
+    assert interp_cost({4: 2.0}, 1) == 2.0 and math.isclose(interp_cost(CPU_COST, 16), 55.0)
+
+
+def test_bad_arguments_are_clear_errors():
+    for bad in ({}, {0: 1.0}, {4: -1.0}):
+        with pytest.raises(ValueError, match="cost_prior"):
+            AdaptiveBudget(cost_prior=bad)
+    with pytest.raises(ValueError, match="min_budget"):
+        AdaptiveBudget(max_budget=4, min_budget=8)
 
 
 def test_parse_budget():
     assert parse_budget("auto") == "auto" and parse_budget("32") == 32
-    for bad in ("0", "513", "x"):
+    for bad in ("0", "513", "x", None):
         with pytest.raises(ValueError):
             parse_budget(bad)
 
 
-def test_auto_budget_is_lossless():
+def test_measure_cost_prior_times_verify_and_caches_per_machine(tmp_path, monkeypatch):
+    from jetflow_sglang import budget
+    from tests.helpers import tiny_target
+
+    target = tiny_target(seed=3)
+    target.model.config._name_or_path = "tiny-test-model"  # a named checkpoint: the profile goes to disk
+    monkeypatch.setattr(budget, "_profile_path", lambda: tmp_path / "cost_profile.json")
+    monkeypatch.setattr(budget, "_MEMO", {})
+    prof = budget.measure_cost_prior(target, sizes=(1, 4), reps=1)
+    assert set(prof) == {1, 4} and all(v > 0 for v in prof.values())
+    stored = json.loads((tmp_path / "cost_profile.json").read_text())
+    assert list(stored) == [budget.profile_key(target)] and '"dtype": "torch.float32"' in list(stored)[0]
+    monkeypatch.setattr(budget, "_MEMO", {})
+    monkeypatch.setattr(budget, "_time_verify", lambda *a: pytest.fail("the cached profile should be used"))
+    assert budget.measure_cost_prior(target, sizes=(1, 4), reps=1) == prof
+    ctl = budget.AdaptiveBudget(cost_prior=prof)
+    assert ctl.cost(1) == prof[1] and 1 <= ctl.choose() <= 16
+
+
+def test_auto_budget_is_lossless_and_moves():
+    from jetflow_sglang.drafters import make_drafter
+    from jetflow_sglang.engine import autoregressive, run
+    from tests.helpers import tiny_head, tiny_model
+    from jetflow_sglang.target import Target
+
     model = tiny_model("llama", vocab=64, seed=4)
     target = Target(model)
     drafter = make_drafter("jetflow", tiny_head(model))
