@@ -79,25 +79,27 @@ def best_first(root_token: int, child_fn: ChildFn, budget: int, width: int, max_
     """Grow a tree on cumulative draft log-prob until it holds `budget` nodes (root counted).
 
     eager=False takes, one at a time, the best candidate whose parent is already in the tree, so the result is
-    the `budget` best prefix-closed paths. eager=True is the paper's accum_logp: popping a node adds all of its
-    (up to `width`) children at once.
+    the `budget` best prefix-closed paths. Ties follow the fixed rule of tree_batch.build_topb: score descending,
+    then depth ascending, then the parent's place among the nodes of its depth (in this order), then rank.
+    Candidates with log-prob -inf are never added.
+    eager=True is the paper's accum_logp: popping a node adds all of its (up to `width`) children at once.
     """
     check_budget(budget)
     tree = DraftTree.root(root_token)
-    heap: list[tuple[float, int, int, int]] = []  # (-score, tiebreak, parent, rank)
+    heap: list[tuple[float, int, int, int, int]] = []  # (-score, depth, parent's place in its depth, rank, parent)
     cands: dict[int, tuple[Sequence[int], Sequence[float]]] = {}
-    counter = 0
+    place = [0]  # each node's place among the nodes of its depth, in pop order
+    per_depth_count: dict[int, int] = {}
 
     def offer(parent: int, rank: int) -> None:
-        nonlocal counter
         if tree.depths[parent] >= max_depth or rank >= width:
             return
         if parent not in cands:
             cands[parent] = child_fn(tree, parent)
         toks, lps = cands[parent]
-        if rank < len(toks):
-            heapq.heappush(heap, (-(tree.logps[parent] + float(lps[rank])), counter, parent, rank))
-            counter += 1
+        if rank < len(toks) and float(lps[rank]) > float("-inf"):
+            heapq.heappush(heap, (-(tree.logps[parent] + float(lps[rank])), tree.depths[parent] + 1, place[parent],
+                                  rank, parent))
 
     if eager:
         frontier = [(0.0, 0, 0)]
@@ -113,9 +115,11 @@ def best_first(root_token: int, child_fn: ChildFn, budget: int, width: int, max_
 
     offer(0, 0)
     while heap and len(tree) < budget:
-        _, _, parent, rank = heapq.heappop(heap)
+        _, depth, _, rank, parent = heapq.heappop(heap)
         toks, lps = cands[parent]
         child = tree.add(toks[rank], parent, tree.logps[parent] + float(lps[rank]))
+        place.append(per_depth_count.get(depth, 0))
+        per_depth_count[depth] = place[-1] + 1
         offer(parent, rank + 1)
         offer(child, 0)
     return tree

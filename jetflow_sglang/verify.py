@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from .tree import DraftTree
+from .tree_batch import TreeBatch
 
 
 def check_sampling(temperature: float, top_k: int = 0, top_p: float = 1.0) -> None:
@@ -44,6 +45,53 @@ def greedy_accept(tree: DraftTree, argmax: list[int]) -> tuple[list[int], int]:
             return path, want
         path.append(nxt)
         node = nxt
+
+
+def greedy_accept_batch(tb: TreeBatch, argmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """greedy_accept for a batch, on the trees' device without a host sync.
+
+    argmax [b, B]: the target's argmax at every slot. Returns accept_index [b, Dmax+1] (accepted node ids, root first,
+    -1 padded; Dmax = min(tb.depth_bound, B - 1)), accept_len [b] (accepted nodes, root included) and bonus [b] (the target's token
+    after the last accepted node). Ties between equal-token siblings go to the smaller node id, as in greedy_accept.
+    """
+    b, n = tb.tokens.shape
+    dev = tb.tokens.device
+    dmax = min(tb.depth_bound, n - 1)
+    argmax = argmax.to(dev).long()
+    up = tb.parents.clamp(min=0)
+    hit = (tb.tokens == argmax.gather(1, up)) & tb.real()
+    hit[:, 0] = True
+    ok = hit.clone()
+    for _ in range(dmax):  # ok[v]: every node on the path root..v matches its parent's argmax
+        ok = hit & ok.gather(1, up)
+    # the deepest accepted node; equal depths (duplicate siblings) go to the first path greedy_accept would walk
+    first = _first_child_path(tb, ok, dmax)
+    key = torch.where(first, tb.depths * (n + 1) + (n - torch.arange(n, device=dev)), -1)
+    last = key.argmax(1, keepdim=True)
+    depth = tb.depths.gather(1, last)
+    index = torch.full((b, dmax + 2), -1, dtype=torch.long, device=dev)
+    cur = last
+    for step in range(dmax + 1):
+        d = tb.depths.gather(1, cur)
+        index.scatter_(1, torch.where(step <= depth, d, dmax + 1), cur)
+        cur = up.gather(1, cur)
+    return index[:, :dmax + 1], (depth + 1).view(b), argmax.gather(1, last).view(b)
+
+
+def _first_child_path(tb: TreeBatch, ok: torch.Tensor, dmax: int) -> torch.Tensor:
+    """Accepted nodes that are the first accepted child of an accepted parent (then along the whole path)."""
+    b, n = ok.shape
+    dev = ok.device
+    up = tb.parents.clamp(min=0)
+    ids = torch.arange(n, device=dev).expand(b, n)
+    best = torch.full((b, n + 1), n, dtype=torch.long, device=dev)  # smallest accepted child id per parent
+    best.scatter_reduce_(1, torch.where(ok & (ids > 0), up, n), ids, reduce="amin")
+    first = ok & (best.gather(1, up) == ids)
+    first[:, 0] = True
+    chain = first.clone()
+    for _ in range(dmax):
+        chain = first & chain.gather(1, up)
+    return chain
 
 
 def _normalise(p: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
