@@ -1,57 +1,122 @@
-"""`jetflow generate` and `jetflow paths`."""
+"""`jetflow generate` and `jetflow paths`.
+
+Bad input is one line on stderr and exit code 2. Everything that can be checked without a model (argument values,
+the prompt's encoding, the device name, the head's config against the target's config) is checked before any
+weights are read.
+"""
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
-from pathlib import Path
 
-from .drafters import DRAFTERS, make_drafter
-from .head import CheckpointError, HeadMismatchError, load_head
-from .paths import DEFAULT_HEAD_DIR, default_paths
 from .budget import parse_budget
+from .drafters import DRAFTERS
+from .head import CheckpointError, HeadMismatchError
+from .paths import DEFAULT_HEAD_DIR, bidir_dir, default_paths
+from .stack import TREES, check_device, load_stack
+
+__all__ = ["bidir_dir", "load_stack", "main", "parser"]  # cli.load_stack: alias of stack.load_stack
 
 
-def bidir_dir(head_dir) -> Path:
-    return Path(str(head_dir).rstrip("/") + "-bidir")
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (no usage dump)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
 
 
-def load_stack(target_dir=None, head_dir=None, dtype="bfloat16", drafter="jetflow", width=8, device="cpu"):
-    """Target + drafter ready to generate. Heads are loaded only for drafters that use them."""
-    from .target import Target
+def _typed(check):
+    def parse(s: str):
+        try:
+            return check(s)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    parse.__name__ = check.__name__
+    return parse
 
-    target_dir = target_dir or default_paths()[0]
-    target = Target.from_pretrained(target_dir, dtype=dtype, device=device)
-    head = bidir = None
-    if drafter not in ("ngram", "ar"):
-        head_dir = Path(head_dir or DEFAULT_HEAD_DIR)
-        wanted = head_dir if drafter.startswith("jetflow") else bidir_dir(head_dir)
-        if not wanted.exists() and drafter in ("ddtree", "dflash") and (head_dir / "config.json").exists():
-            wanted = head_dir  # no bidirectional head next to it: the baselines run on the given head
-        loaded = load_head(wanted, target)
-        if loaded.config.tap_layers != target.tap_layers:
-            target.tap_layers = list(loaded.config.tap_layers)
-        head, bidir = (loaded, None) if drafter.startswith("jetflow") else (None, loaded)
-    return target, make_drafter(drafter, head, bidir, width=width)
+
+def _int(s: str, minimum: int) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise ValueError(f"must be an integer >= {minimum}; got {s!r}") from None
+    if v < minimum:
+        raise ValueError(f"must be an integer >= {minimum}; got {s!r}")
+    return v
+
+
+@_typed
+def positive_int(s: str) -> int:
+    return _int(s, 1)
+
+
+@_typed
+def nonneg_int(s: str) -> int:
+    return _int(s, 0)
+
+
+@_typed
+def finite_float(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise ValueError(f"must be a number; got {s!r}") from None
+    if not math.isfinite(v):
+        raise ValueError(f"must be a finite number; got {s!r}")
+    return v
+
+
+@_typed
+def budget_arg(s: str):
+    try:
+        return parse_budget(s)
+    except ValueError:
+        raise ValueError(f"budget must be an integer in [1, 512] or 'auto'; got {s!r}") from None
+
+
+@_typed
+def device_arg(s: str) -> str:
+    return check_device(s)
+
+
+def check_prompt_text(prompt: str) -> None:
+    """The prompt must be non-empty UTF-8. Undecodable argv bytes reach Python as lone surrogates (PEP 383)."""
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = prompt[e.start]
+        byte = f"byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else f"code point U+{ord(bad):04X}"
+        raise ValueError(f"the prompt is not valid UTF-8 ({byte} at character {e.start})") from None
+    if not prompt.strip():
+        raise ValueError("the prompt is empty")
+
+
+def divergence_line(div: dict, decode) -> str:
+    """One stderr line naming where speculative and autoregressive outputs part, and how close the call was."""
+    def margin(v):
+        return "?" if v is None else f"{v:.4g}"
+    return (f"[jetflow] outputs differ from token {div['position']}: speculative {div['a_token']} "
+            f"({decode([div['a_token']])!r}) vs autoregressive {div['b_token']} ({decode([div['b_token']])!r}); "
+            f"target top-2 logit margin there: {margin(div.get('margin_a'))} (speculative), "
+            f"{margin(div.get('margin_ar'))} (autoregressive)")
 
 
 def cmd_generate(a) -> int:
+    import time
+
     import torch
 
-    from .engine import autoregressive, generate, Result
-
+    from .engine import Result, autoregressive, generate
     from .verify import check_sampling
 
-    parse_budget(a.budget)
+    check_prompt_text(a.prompt)
     check_sampling(a.temperature, a.top_k, a.top_p)
-    if not a.prompt.strip():
-        raise ValueError("the prompt is empty")
     if a.threads:
         torch.set_num_threads(a.threads)
-    if a.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {a.device}, but this torch ({torch.__version__}) sees no CUDA device")
-    target, drafter = load_stack(a.target, a.head, a.dtype, a.drafter, a.width, a.device)
+    target, drafter = load_stack(a.target, a.head, a.dtype, a.drafter, a.width, a.device, tree=a.tree, depth=a.depth)
     ids = target.encode_chat(a.prompt) if not a.raw else target.tokenizer.encode(a.prompt)
     target.check_prompt(ids)
     eos = target.eos_ids()
@@ -62,7 +127,6 @@ def cmd_generate(a) -> int:
         autoregressive(target, ids, **{**kw, "max_new_tokens": 2})  # warm-up, so both runs start hot
         ar = autoregressive(target, ids, **kw)
     res = Result(list(ids), [])
-    import time
     t0, shown = time.perf_counter(), ""
     for rnd in generate(target, drafter, ids, budget=a.budget, **kw):
         res.rounds.append(rnd)
@@ -74,13 +138,20 @@ def cmd_generate(a) -> int:
             shown = text
     res.elapsed_s = time.perf_counter() - t0
     text = target.tokenizer.decode(res.tokens, skip_special_tokens=True)
+    div = None
+    if ar and res.tokens != ar.tokens:
+        from .diverge import first_divergence
+
+        div = first_divergence(target, list(ids), res.tokens, ar.tokens)
     summary = {
         "text": text, "tokens": res.tokens, "drafter": drafter.name, "budget": a.budget, "dtype": a.dtype,
+        "tree": a.tree, "depth": getattr(drafter, "depth", None),
         "temperature": a.temperature, "new_tokens": len(res.tokens), "verify_steps": res.steps,
         "tau": round(res.tau, 4), "tokens_per_s": round(res.tokens_per_s, 3),
         "ar_tokens_per_s": round(ar.tokens_per_s, 3) if ar else None,
         "speedup_vs_ar": round(res.tokens_per_s / ar.tokens_per_s, 4) if ar and ar.tokens_per_s else None,
         "lossless": (res.tokens == ar.tokens) if ar and a.temperature == 0 else None,
+        "divergence": div,
     }
     out.write("\n")
     stats = f"[jetflow] {drafter.name} budget={a.budget}: {len(res.tokens)} tokens, tau={res.tau:.2f}, {res.tokens_per_s:.1f} tok/s"
@@ -89,6 +160,8 @@ def cmd_generate(a) -> int:
         if summary["lossless"] is not None:
             stats += f", identical to AR: {summary['lossless']}"
     print(stats, file=sys.stderr)
+    if div:
+        print(divergence_line(div, lambda t: target.tokenizer.decode(t)), file=sys.stderr)
     if a.json:
         print(json.dumps(summary))
     return 0
@@ -100,36 +173,35 @@ def cmd_paths(a) -> int:
     return 0
 
 
-def budget_arg(s: str):
-    try:
-        return parse_budget(s)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="jetflow", description="JetFlow speculative decoding")
+    p = OneLineParser(prog="jetflow", description="JetFlow speculative decoding")
     sub = p.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="generate text with speculative decoding")
     g.add_argument("prompt")
     g.add_argument("--budget", type=budget_arg, default=16, help="tree nodes per verify step, root included (1-512), or 'auto' to adapt it online")
-    g.add_argument("--drafter", choices=DRAFTERS, default="jetflow")
-    g.add_argument("--width", type=int, default=8, help="candidates per depth / per parent")
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--drafter", choices=DRAFTERS, default=None,
+                   help="default: from the head (causal: jetflow; bidirectional, e.g. a DFlash release: ddtree)")
+    g.add_argument("--width", type=positive_int, default=8, help="candidates per depth / per parent (>= 1)")
+    g.add_argument("--depth", type=positive_int, default=None, help="maximum tree depth (default: the head's block size - 1)")
+    g.add_argument("--tree", choices=TREES, default="exact",
+                   help="exact: the best tree by cumulative draft log-prob; paper: the JetSpec paper's heap builder")
+    g.add_argument("--temperature", type=finite_float, default=0.0)
+    g.add_argument("--top-k", type=nonneg_int, default=0)
+    g.add_argument("--top-p", type=finite_float, default=1.0)
+    g.add_argument("--max-new-tokens", type=positive_int, default=128)
     g.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"],
                    help="bfloat16 (default): ~1.5x faster on CPU, but a batched verify may round a near-tie differently "
                         "from a one-token step; float32: greedy output bit-identical to autoregressive decoding")
     g.add_argument("--target", help="HF model folder (default: SmolLM2-135M-Instruct, converted on first use)")
-    g.add_argument("--head", help=f"draft head folder (default: {DEFAULT_HEAD_DIR})")
-    g.add_argument("--compare-ar", action="store_true", help="also decode autoregressively and report speedup and losslessness")
+    g.add_argument("--head", help=f"draft head folder: this project's format, a JetFlow release or a DFlash release "
+                                  f"(default: {DEFAULT_HEAD_DIR})")
+    g.add_argument("--compare-ar", action="store_true",
+                   help="also decode autoregressively; report speedup, losslessness and where outputs first differ")
     g.add_argument("--json", action="store_true", help="print one JSON object at the end (text streams to stderr)")
     g.add_argument("--raw", action="store_true", help="do not apply the chat template")
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--device", default="cpu", help="cpu or cuda[:N] (CUDA verifies trees with the Triton tree kernel)")
-    g.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    g.add_argument("--device", type=device_arg, default="cpu", help="cpu or cuda[:N] (CUDA verifies trees with the Triton tree kernel)")
+    g.add_argument("--threads", type=nonneg_int, default=0, help="torch threads (0: torch's default)")
     g.set_defaults(fn=cmd_generate)
     pa = sub.add_parser("paths", help="print (and prepare) the default target and head folders")
     pa.set_defaults(fn=cmd_paths)
@@ -142,7 +214,7 @@ def main(argv=None) -> int:
     try:
         return a.fn(a)
     except (ValueError, CheckpointError, HeadMismatchError, OSError) as e:
-        print(f"jetflow: error: {e}", file=sys.stderr)
+        print(f"jetflow: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
 
 

@@ -12,6 +12,35 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_HEAD_DIR = Path(__file__).resolve().parent / "heads" / "smollm2-135m-instruct"
 
 
+def bidir_dir(head_dir) -> Path:
+    """Where the bidirectional (DDTree/DFlash) head trained beside a causal head lives: `<head>-bidir`."""
+    return Path(str(head_dir).rstrip("/") + "-bidir")
+
+
+def looks_like_repo_id(name: str) -> bool:
+    parts = str(name).split("/")
+    return len(parts) == 2 and all(parts) and not str(name).startswith((".", "~")) and not Path(name).exists()
+
+
+def resolve_dir(name, what: str) -> Path:
+    """A local folder, or a Hugging Face repo id already in the local hub cache (nothing is downloaded when
+    HF_HUB_OFFLINE is set). One-line ValueError when neither exists."""
+    path = Path(str(name)).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise ValueError(f"{what} {name} is a file; expected a folder with config.json")
+    if looks_like_repo_id(str(name)):
+        try:
+            from huggingface_hub import snapshot_download
+
+            return Path(snapshot_download(str(name), allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"]))
+        except Exception as e:  # noqa: BLE001 - any hub failure is one line for the user
+            raise ValueError(f"{what} {name} is not a local folder and could not be fetched from the Hugging Face "
+                             f"hub ({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
+    raise ValueError(f"no {what} at {path}")
+
+
 def cache_dir() -> Path:
     root = os.environ.get("JETFLOW_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "jetflow")

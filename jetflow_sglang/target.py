@@ -13,6 +13,34 @@ DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.f
           "float16": torch.float16, "fp16": torch.float16}
 
 
+def target_config(path):
+    """The HF config of a target folder, read without loading weights; one-line ValueError when the folder or its
+    config.json is unusable (missing, not JSON, not an object, an unknown architecture)."""
+    import json
+    from pathlib import Path
+
+    from transformers import AutoConfig
+
+    cfg_file = Path(path) / "config.json"
+    if Path(path).is_dir():
+        if not cfg_file.is_file():
+            raise ValueError(f"target folder {path} has no config.json")
+        try:
+            raw = json.loads(cfg_file.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise ValueError(f"cannot read target config {cfg_file}: {' '.join(str(e).split())}") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"cannot read target config {cfg_file}: expected a JSON object, found a {type(raw).__name__}")
+    try:
+        cfg = AutoConfig.from_pretrained(str(path))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"cannot read target config in {path}: {' '.join(str(e).split())[:300]}") from None
+    for name in ("hidden_size", "num_hidden_layers", "vocab_size"):
+        if not isinstance(getattr(cfg, name, None), int):
+            raise ValueError(f"target config in {path} has no integer {name}; is it a decoder-only language model?")
+    return cfg
+
+
 class Target:
     """Batch-1 wrapper owning one KV cache. `length` counts committed tokens in the cache."""
 

@@ -1,5 +1,10 @@
-"""`jetflow generate` as a user runs it: real output on a tiny local model, and clear errors for bad input."""
+"""`jetflow generate` as a user runs it: real output on a tiny local model, and clear errors for bad input.
+
+Every bad input is one line on stderr and exit code 2; those that need no model are checked before any is loaded
+(`no_loading` makes loading a model an error in those tests)."""
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -42,16 +47,57 @@ def test_generate_json_is_lossless_and_reports(stack, capsys):
     assert json.loads(out1)["text"] == res["text"]
 
 
+@pytest.fixture
+def no_loading(monkeypatch):
+    """Loading target weights is a test failure: these errors must come first."""
+    from jetflow_sglang.target import Target
+
+    def refuse(*a, **k):
+        raise AssertionError("the model was loaded before the bad input was rejected")
+    monkeypatch.setattr(Target, "from_pretrained", refuse)
+
+
+def one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--budget", "0"], "budget must be"),
     (["--budget", "513"], "budget must be"),
     (["--budget", "many"], "budget"),
+    (["--budget", "abc"], "budget must be an integer in [1, 512] or 'auto'; got 'abc'"),
+    (["--width=-3"], "--width: must be an integer >= 1; got '-3'"),
+    (["--width", "0"], "--width: must be an integer >= 1"),
+    (["--threads=-1"], "--threads: must be an integer >= 0"),
+    (["--device", "tpu"], "device must be cpu, cuda or cuda:N; got 'tpu'"),
+    (["--temperature", "inf"], "--temperature: must be a finite number"),
+    (["--temperature", "nan"], "--temperature: must be a finite number"),
+    (["--top-p", "nan"], "--top-p: must be a finite number"),
+    (["--depth", "0"], "--depth: must be an integer >= 1"),
+    (["--max-new-tokens", "0"], "--max-new-tokens: must be an integer >= 1"),
+    (["--tree", "best"], "--tree: invalid choice"),
 ])
-def test_argument_errors(stack, capsys, args, message):
-    target, head, _ = stack
+def test_argument_errors(no_loading, capsys, tmp_path, args, message):
     with pytest.raises(SystemExit) as e:
-        main(["generate", "hi", "--target", target, "--head", head, *args])
-    assert e.value.code == 2 and message in capsys.readouterr().err
+        main(["generate", "hi", "--target", str(tmp_path / "none"), "--head", str(tmp_path / "none"), *args])
+    assert e.value.code == 2 and message in one_line(capsys.readouterr().err)
+
+
+def test_invalid_utf8_prompt(no_loading, capsys, tmp_path):
+    code, _, err = run_cli(capsys, "caf\udce9 au lait", "--target", str(tmp_path / "none"))  # argv byte 0xe9 (latin-1)
+    assert code == 2 and "the prompt is not valid UTF-8 (byte 0xe9 at character 3)" in one_line(err)
+
+
+def test_invalid_utf8_prompt_from_a_real_argv(tmp_path):
+    """The bytes as a shell passes them: Python turns them into surrogates, the CLI says so in one line."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-m", "jetflow_sglang.cli", "generate", b"bad \xff\xfe bytes",
+                        "--target", str(tmp_path / "none")], capture_output=True, env=env, timeout=300,
+                       cwd=Path(__file__).resolve().parents[1])
+    err = r.stderr.decode()
+    assert r.returncode == 2 and "not valid UTF-8 (byte 0xff at character 4)" in one_line(err)
 
 
 def test_bad_input_errors(stack, capsys, tmp_path):
@@ -80,3 +126,85 @@ def test_bad_input_errors(stack, capsys, tmp_path):
             if "--head" not in argv else run_cli(capsys, *argv, "--target", target, "--max-new-tokens", "4")
         assert code == 2 and message in err, (args, err)
         assert "Traceback" not in err
+
+
+def _own_head_variant(head: str, out: Path, **changes) -> str:
+    """A copy of the tiny head with config.json fields changed (weights untouched)."""
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = json.loads(Path(head, "config.json").read_text())
+    cfg.update(changes)
+    (out / "config.json").write_text(json.dumps(cfg))
+    (out / "model.safetensors").write_bytes(Path(head, "model.safetensors").read_bytes())
+    return str(out)
+
+
+def test_head_and_config_errors_before_loading(stack, no_loading, capsys, tmp_path):
+    from transformers import AutoConfig
+
+    from tests.test_head_formats import write_release
+
+    target, head, _ = stack
+    tcfg = AutoConfig.from_pretrained(target)
+    list_target = tmp_path / "list-target"
+    list_target.mkdir()
+    (list_target / "config.json").write_text("[1, 2]")
+    narrow = write_release(tmp_path / "narrow", tcfg, causal=True, taps=(1, 2), hidden_size=32)[0]
+    bidir = write_release(tmp_path / "bidir", tcfg, causal=False, taps=(1, 2))[0]
+    listed = _own_head_variant(head, tmp_path / "list")
+    Path(listed, "config.json").write_text(json.dumps([json.loads(Path(head, "config.json").read_text())]))
+    cases = [
+        (["--head", listed], "expected a JSON object, found a list"),
+        (["--target", str(list_target)], "expected a JSON object, found a list"),
+        (["--head", str(narrow)], "hidden_size: head expects 32, target has 64"),
+        (["--head", _own_head_variant(head, tmp_path / "tap", tap_layers=[-1, 2])], "tap_layers[0] must be an integer >= 0"),
+        (["--head", _own_head_variant(head, tmp_path / "tap9", tap_layers=[1, 9])], "tap layers [9] of [1, 9] do not exist"),
+        (["--head", _own_head_variant(head, tmp_path / "bs0", block_size=0)], "block_size must be an integer >= 2"),
+        (["--head", head, "--drafter", "ddtree"], "drafter 'ddtree' needs a bidirectional head, but this head is causal"),
+        (["--head", str(bidir), "--drafter", "jetflow"], "drafter 'jetflow' needs a causal head"),
+        (["--head", _own_head_variant(head, tmp_path / "unknown", colour="blue")], "unknown field(s) colour"),
+    ]
+    for args, message in cases:
+        argv = ["hi", "--target", target, *args] if "--target" not in args else ["hi", "--head", head, *args]
+        code, _, err = run_cli(capsys, *argv)
+        assert code == 2 and message in one_line(err), (args, err)
+
+
+def test_head_weights_of_another_size(stack, no_loading, capsys, tmp_path):
+    """Config fine, weights from a wider head: one line naming the tensor (no size-mismatch dump)."""
+    from safetensors.torch import load_file, save_file
+
+    target, head, _ = stack
+    out = Path(_own_head_variant(head, tmp_path / "wide"))
+    state = load_file(str(out / "model.safetensors"))
+    state["layers.0.q_proj.weight"] = state["layers.0.q_proj.weight"].repeat(2, 1)
+    save_file(state, str(out / "model.safetensors"))
+    code, _, err = run_cli(capsys, "hi", "--target", target, "--head", str(out))
+    assert code == 2 and "head tensor layers.0.q_proj.weight" in one_line(err) and "implies (64, 64)" in err
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_released_heads_generate_losslessly(stack, capsys, tmp_path, causal):
+    """A JetFlow release (causal) runs the jetflow drafter, a DFlash release (bidirectional) ddtree, picked from
+    config.json; both give the autoregressive text in float32."""
+    from transformers import AutoConfig
+
+    from tests.test_head_formats import write_release
+
+    target, _, _ = stack
+    head = write_release(tmp_path / "release", AutoConfig.from_pretrained(target), causal=causal, taps=(1, 2))[0]
+    code, out, err = run_cli(capsys, "The quick brown fox", "--target", target, "--head", str(head), "--budget", "6",
+                             "--max-new-tokens", "12", "--compare-ar", "--json", "--threads", "1", "--dtype", "float32")
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["drafter"] == ("jetflow" if causal else "ddtree")
+    assert res["lossless"] is True and res["new_tokens"] >= 1 and res["divergence"] is None
+
+
+def test_divergence_line_names_position_tokens_and_margins():
+    from jetflow_sglang.cli import divergence_line
+
+    line = divergence_line({"position": 7, "a_token": 5, "b_token": 9, "margin_a": 0.0123, "margin_ar": None},
+                           lambda t: f"<{t[0]}>")
+    assert "\n" not in line
+    assert "from token 7: speculative 5 ('<5>') vs autoregressive 9 ('<9>')" in line
+    assert "0.0123 (speculative), ? (autoregressive)" in line

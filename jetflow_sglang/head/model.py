@@ -100,7 +100,10 @@ class JetFlowHead(nn.Module):
         return bool(self._target)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens [B, S] with MASK (-1) slots -> [B, S, d]."""
+        """tokens [B, S] with MASK (-1) slots -> [B, S, d]. Released heads embed their mask token with the target's
+        embedding; this project's heads use their own learned mask embedding."""
+        if self.config.mask_token_id is not None:
+            return self._target[0](tokens.masked_fill(tokens == MASK, self.config.mask_token_id)).to(self.mask_embedding.dtype)
         emb = self._target[0](tokens.clamp(min=0)).to(self.mask_embedding.dtype)
         return torch.where((tokens == MASK)[..., None], self.mask_embedding.expand_as(emb), emb)
 
