@@ -200,11 +200,23 @@ def test_released_heads_generate_losslessly(stack, capsys, tmp_path, causal):
     assert res["lossless"] is True and res["new_tokens"] >= 1 and res["divergence"] is None
 
 
-def test_divergence_line_names_position_tokens_and_margins():
-    from jetflow_sglang.cli import divergence_line
+def test_compare_ar_names_the_first_difference(stack, capsys, monkeypatch):
+    """When the texts differ, --compare-ar says where (position, both tokens) and the target's top-2 margins there."""
+    from jetflow_sglang import engine
 
-    line = divergence_line({"position": 7, "a_token": 5, "b_token": 9, "margin_a": 0.0123, "margin_ar": None},
-                           lambda t: f"<{t[0]}>")
-    assert "\n" not in line
-    assert "from token 7: speculative 5 ('<5>') vs autoregressive 9 ('<9>')" in line
-    assert "0.0123 (speculative), ? (autoregressive)" in line
+    real = engine.autoregressive
+
+    def altered(target, ids, **kw):  # an AR run that differs from the speculative one at new token 2
+        res = real(target, ids, **kw)
+        if len(res.tokens) > 2:
+            res.tokens[2] = (res.tokens[2] + 1) % target.config.vocab_size
+        return res
+    monkeypatch.setattr(engine, "autoregressive", altered)
+    target, head, _ = stack
+    code, out, err = run_cli(capsys, "The quick brown fox", "--target", target, "--head", head, "--budget", "4",
+                             "--max-new-tokens", "6", "--compare-ar", "--json", "--threads", "1", "--dtype", "float32")
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["lossless"] is False and res["divergence"]["position"] == 2
+    assert res["divergence"]["a_token"] == res["tokens"][2] != res["divergence"]["b_token"]
+    assert "first difference at new token 2" in err and "target top-2 logit margin there" in err
