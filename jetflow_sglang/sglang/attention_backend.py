@@ -29,6 +29,23 @@ def tree_rows_mask(custom_mask: torch.Tensor, seq_lens: list[int], n: int) -> li
     return out
 
 
+def window_mask(custom_mask: torch.Tensor, seq_lens: torch.Tensor, n: int, max_len: int) -> torch.Tensor:
+    """[b, n, max_len + n] attention mask over the request's rows req_to_token[:, :max_len + n]: the committed prefix
+    (columns < L) and, in the window L..L+n, the tree mask; padding columns are False."""
+    b = seq_lens.shape[0]
+    dev = seq_lens.device
+    if custom_mask is None:
+        tree = torch.ones(n, n, dtype=torch.bool, device=dev).tril().expand(b, n, n)
+    else:
+        tree = torch.stack([t.to(dev) for t in tree_rows_mask(custom_mask, seq_lens.tolist(), n)]) \
+            if custom_mask.numel() != b * n * n else custom_mask.view(b, n, n).bool().to(dev)
+    width = max_len + n
+    cols = torch.arange(width, device=dev)[None, None]
+    L = seq_lens.long()[:, None, None]
+    in_tree = (cols >= L) & (cols < L + n)
+    return (cols < L) | (in_tree & tree.gather(2, (cols - L).clamp(0, n - 1).expand(b, n, width)))
+
+
 class TreeTorchNativeAttnBackend(TorchNativeAttnBackend):
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         if not forward_batch.forward_mode.is_target_verify():
@@ -39,20 +56,20 @@ class TreeTorchNativeAttnBackend(TorchNativeAttnBackend):
             self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc, self.swa_out_cache_loc),
                                                 k, v)
         hq, hkv, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.qk_head_dim
-        q = q.reshape(-1, hq, d)
-        o = q.new_empty(q.shape[0], hq, layer.v_head_dim)
+        seq_lens = forward_batch.seq_lens  # committed lengths; the n draft rows follow them
+        b = seq_lens.shape[0]
+        max_len = int(forward_batch.seq_lens_cpu.max()) if forward_batch.seq_lens_cpu is not None \
+            else int(seq_lens.max())
+        cache = getattr(forward_batch, "_jetflow_window", None)
+        if cache is None or cache[0] != max_len:  # one mask and one slot gather per forward, shared by all layers
+            rows = self.req_to_token_pool.req_to_token[forward_batch.req_pool_indices.long(), : max_len + n].long()
+            cache = (max_len, rows, window_mask(spec.custom_mask, seq_lens, n, max_len))
+            forward_batch._jetflow_window = cache
+        _, rows, mask = cache
         k_buf = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
         v_buf = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
-        seq_lens = forward_batch.seq_lens.tolist()  # committed lengths; the n draft rows follow them
-        masks = tree_rows_mask(spec.custom_mask, seq_lens, n) if spec.custom_mask is not None else None
-        r2t = self.req_to_token_pool.req_to_token
-        for i, (rpi, L) in enumerate(zip(forward_batch.req_pool_indices.tolist(), seq_lens)):
-            rows = r2t[rpi, : L + n]
-            kk, vv = k_buf[rows].movedim(0, 1), v_buf[rows].movedim(0, 1)  # [Hkv, L+n, d]
-            tree = masks[i] if masks is not None else torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
-            mask = torch.cat([torch.ones(n, L, dtype=torch.bool, device=q.device), tree.to(q.device)], 1)
-            qi = q[i * n: (i + 1) * n].movedim(0, 1)  # [Hq, n, d]
-            out = sdpa(qi.unsqueeze(0), kk.unsqueeze(0).to(qi.dtype), vv.unsqueeze(0).to(qi.dtype), attn_mask=mask,
-                       scale=layer.scaling, enable_gqa=hq != hkv)
-            o[i * n: (i + 1) * n] = out.squeeze(0).movedim(0, 1)
-        return o.view(-1, hq * layer.v_head_dim)
+        qq = q.reshape(b, n, hq, d).transpose(1, 2)  # [b, Hq, n, d]
+        kk = k_buf[rows].transpose(1, 2).to(qq.dtype)  # [b, Hkv, max_len + n, d]
+        vv = v_buf[rows].transpose(1, 2).to(qq.dtype)
+        out = sdpa(qq, kk, vv, attn_mask=mask[:, None], scale=layer.scaling, enable_gqa=hq != hkv)
+        return out.transpose(1, 2).reshape(b * n, hq * layer.v_head_dim)

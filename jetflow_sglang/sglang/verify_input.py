@@ -1,8 +1,9 @@
-"""The verify input JETFLOW hands SGLang's attention backends, and the tree -> tensors packing.
+"""The verify input JETFLOW hands SGLang's attention backends, and the batched tree -> verify tensors packing.
 
 It keeps NGRAM's layout (SpecInputType.NGRAM_VERIFY): an irregular tree of a fixed `n` nodes per request, the
 tree mask as QLEN_ONLY (n*n per request) on CPU or FULL (n*(L+n), prefix columns True) elsewhere, which is what
 SGLang's triton/flashinfer custom-mask verify paths read. NGRAM's filter/merge/attn-arg code is reused as is.
+Everything is built on the device from padded tree tensors; nothing loops over requests.
 """
 from __future__ import annotations
 
@@ -11,8 +12,6 @@ import torch
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.speculative.ngram_info import NgramVerifyInput
 
-from ..tree import DraftTree
-
 
 class JetFlowVerifyInput(NgramVerifyInput):
     def __init__(self, *args, capture_hidden_mode=CaptureHiddenMode.NULL, **kwargs):
@@ -20,41 +19,44 @@ class JetFlowVerifyInput(NgramVerifyInput):
         self.capture_hidden_mode = capture_hidden_mode
 
 
-def pack_trees(trees: list[DraftTree], n: int, seq_lens: list[int], full_mask: bool, device):
-    """Pad every tree to n nodes and pack them for TARGET_VERIFY.
+def tree_links(parents: torch.Tensor, sizes: torch.Tensor):
+    """First-child / next-sibling links [b, n] (-1 = none) as SGLang's tree kernels define them; padding nodes
+    (index >= size) are linked to nothing."""
+    b, n = parents.shape
+    ar = torch.arange(n, device=parents.device)
+    valid = ar[None] < sizes[:, None]
+    real_child = valid & (ar[None] > 0)
+    none = torch.full((b, n), n, dtype=torch.long, device=parents.device)
+    is_child = (parents[:, None, :] == ar[None, :, None]) & real_child[:, None, :]  # [b, parent, child]
+    first = torch.where(is_child, ar[None, None], none[:, :, None]).min(2).values
+    same = (parents[:, :, None] == parents[:, None, :]) & real_child[:, :, None] & real_child[:, None, :]
+    later = same & (ar[None, None, :] > ar[None, :, None])  # [b, node, sibling after it]
+    sib = torch.where(later, ar[None, None], none[:, :, None]).min(2).values
+    fix = lambda x: torch.where((x >= n) | ~valid, torch.full_like(x, -1), x)  # noqa: E731
+    return fix(first), fix(sib)
 
-    Padding nodes hang off the root with their own token = the root's; they see only the prefix, the root and
-    themselves, and acceptance never looks at them (it walks the real tree), so they only cost compute.
-    Returns (draft_tokens[bs*n], custom_mask (flat bool), positions[bs*n], retrieve_index/next_token/next_sibling
-    [bs, n]).
-    """
-    bs = len(trees)
-    tokens = torch.empty(bs, n, dtype=torch.int64)
-    mask = torch.zeros(bs, n, n, dtype=torch.bool)
-    depth = torch.ones(bs, n, dtype=torch.int64)
-    next_token = torch.full((bs, n), -1, dtype=torch.int64)
-    next_sibling = torch.full((bs, n), -1, dtype=torch.int64)
-    for i, t in enumerate(trees):
-        m = len(t)
-        if m > n:
-            raise ValueError(f"drafter returned {m} nodes for a budget of {n}")
-        tokens[i, :m] = torch.tensor(t.tokens)
-        tokens[i, m:] = t.tokens[0]
-        mask[i, :m, :m] = t.ancestor_mask()
-        mask[i, m:, 0] = True
-        mask[i, torch.arange(m, n), torch.arange(m, n)] = True
-        depth[i, :m] = torch.tensor(t.depths)
-        for node in range(m):  # first child / next sibling links, as SGLang's tree kernels define them
-            kids = t.children(node)
-            next_token[i, node] = kids[0] if kids else -1
-            for a, b in zip(kids, kids[1:]):
-                next_sibling[i, a] = b
-    positions = (torch.tensor(seq_lens, dtype=torch.int64)[:, None] + depth).flatten()
-    if full_mask:
-        custom = torch.cat([torch.cat([torch.ones(n, L, dtype=torch.bool), mask[i]], 1).flatten()
-                            for i, L in enumerate(seq_lens)])
-    else:
-        custom = mask.flatten()
-    retrieve_index = torch.arange(bs * n, dtype=torch.int64).view(bs, n)
-    to = lambda x: x.to(device, non_blocking=True)  # noqa: E731
-    return (to(tokens.flatten()), to(custom), to(positions), to(retrieve_index), to(next_token), to(next_sibling))
+
+def verify_mask(anc: torch.Tensor, seq_lens: torch.Tensor, full: bool, max_len: int | None = None) -> torch.Tensor:
+    """Flat bool custom mask. anc [b, n, n] ancestor-or-self rows. QLEN_ONLY: the anc blocks; FULL: per request an
+    [n, L + n] block whose first L columns are True (max_len: max(seq_lens), known on the host)."""
+    if not full:
+        return anc.reshape(-1)
+    b, n, _ = anc.shape
+    width = int(max_len) + n
+    cols = torch.arange(width, device=anc.device)
+    L = seq_lens.long()[:, None, None]
+    grid = cols[None, None].expand(b, n, width)
+    in_tree = (grid >= L) & (grid < L + n)
+    tree_vals = anc.gather(2, (grid - L).clamp(0, n - 1))
+    vals = (grid < L) | (in_tree & tree_vals)
+    keep = grid < L + n
+    return vals[keep]  # row-major: request by request, row by row, L + n columns each
+
+
+def verify_tensors(tokens, parents, depths, sizes, anc, seq_lens, full: bool, max_len: int | None = None):
+    """(draft_token [b*n], custom_mask, positions [b*n], retrieve_index/next_token/next_sibling [b, n])."""
+    b, n = tokens.shape
+    positions = (seq_lens.long()[:, None] + depths.long()).reshape(-1)
+    first, sib = tree_links(parents, sizes)
+    retrieve_index = torch.arange(b * n, device=tokens.device).view(b, n)
+    return (tokens.reshape(-1), verify_mask(anc, seq_lens, full, max_len), positions, retrieve_index, first, sib)

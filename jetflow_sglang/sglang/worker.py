@@ -1,85 +1,90 @@
-"""JetFlowWorker: SGLang's V2 speculative worker for JETFLOW (synchronous; overlap scheduling off).
+"""JetFlowWorker: SGLang's V2 speculative worker for JETFLOW (synchronous; overlap scheduling off), batched.
 
 Per scheduler step:
-  prefill  the target runs with the head's tap layers captured (SGLang's DFlash/EAGLE3 aux-hidden hook);
-           those rows are kept per request id until its first decode round.
-  decode   for each request: drafter -> tree of <= n nodes (n = --speculative-num-draft-tokens, root = the
-           last committed token); one TARGET_VERIFY forward of all bs*n nodes under the tree mask;
-           greedy or sampled acceptance with jetflow_sglang.verify (lossless); the accepted nodes' KV is moved
-           to the front of the request's window; the accepted taps advance the drafter state.
-The scheduler does the rest: appending tokens, EOS / max_tokens / stop strings, batching, filter and merge,
-and the accept-length statistics (`spec_accept_length` in meta_info, `avg_spec_accept_length` in
-/get_server_info, `sglang:spec_accept_length` in /metrics) computed from the accept_lens returned here.
-
-Knobs (environment, read in the scheduler process; see docs/SGLANG.md):
-  JETFLOW_DRAFTER  jetflow (default with a head) | jetflow-branch | ddtree | dflash | ngram (default without) | ar
-  JETFLOW_WIDTH    top-k children per node (default 8; also --speculative-eagle-topk)
-  JETFLOW_DEPTH    max tree depth (default: head block size - 1; also --speculative-num-steps)
+  prefill  the target runs with the head's tap layers captured; the taps of every extended token (each chunk of a
+           chunked prefill) become head context K/V at the token's own KV slot (HeadKVPool), so a radix-cache
+           prefix hit finds the head's rows next to the target's.
+  decode   draft   one head forward for the whole batch over its paged context -> per-depth top-k -> the batched
+                   exact tree builder (tree_batch.build_topb); budget 0 skips the head (plain decoding)
+           verify  one TARGET_VERIFY forward of all bs*n nodes under a tree mask built on the device
+           accept  greedy and rejection-sampling acceptance on the device (accept.py)
+           commit  accepted nodes' target K/V moved to the front of the window, their head K/V written there
+The scheduler does the rest (appending tokens, stop conditions, batching, filter/merge, accept statistics).
+Settings come only from jetflow_sglang.config.JetFlowServerConfig.
 """
 from __future__ import annotations
 
 import logging
-import os
 import time
-import types
-from dataclasses import dataclass, field
 
 import torch
 
 from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
-from sglang.srt.arg_groups.overrides import resolving_view
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
 
-from ..budget import AdaptiveBudget
-from ..drafters import make_drafter
-from ..tree import DraftTree
-from ..verify import greedy_accept, process_logits, sample_accept
-from .verify_input import JetFlowVerifyInput, pack_trees
+from ..config import JetFlowServerConfig
+from ..tree_batch import TreeBatch, build_topb
+from .accept import greedy_path, path_from_last, processed_probs, sample_path, to_sglang
+from .head_pool import HeadKVPool
+from .penalties import PathPenalties
+from .tp_sync import broadcast_from_rank0, broadcast_object_from_rank0, make_generator
+from .verify_input import JetFlowVerifyInput, verify_tensors
 
 logger = logging.getLogger(__name__)
-HEAD_DRAFTERS = ("jetflow", "jetflow-branch", "ddtree", "dflash")
+BATCHED_HEAD_DRAFTERS = ("jetflow", "ddtree", "dflash")
 
 
-@dataclass
-class _Req:
-    state: object = None  # the drafter's per-request state
-    taps: list = field(default_factory=list)  # prefill tap rows not yet handed to the drafter
-    generator: torch.Generator | None = None
+class StepStats:
+    """What the last decode steps did: the budget chosen, the batch, the mean accept length and the round time
+    (exported through the scheduler's internal state: /server_info -> internal_states[i]["jetflow"])."""
+
+    def __init__(self, keep: int = 64):
+        self.keep = keep
+        self.steps = 0
+        self.plain_steps = 0
+        self.recent: list[tuple[int, int, float, float]] = []
+
+    def record(self, budget: int, batch: int, accept_len: float, round_s: float) -> None:
+        self.steps += 1
+        self.plain_steps += budget <= 1
+        self.recent = (self.recent + [(budget, batch, accept_len, round_s)])[-self.keep:]
+
+    def snapshot(self, pool=None) -> dict:
+        last = self.recent[-1] if self.recent else (0, 0, 0.0, 0.0)
+        out = {"steps": self.steps, "plain_steps": self.plain_steps, "last_budget": last[0], "last_batch": last[1],
+               "last_accept_len": last[2], "last_round_s": last[3],
+               "recent_budgets": [r[0] for r in self.recent], "recent_accept_lens": [r[2] for r in self.recent]}
+        if pool is not None:
+            out["head_pool_slots"], out["head_pool_bytes"] = pool.size, pool.bytes
+        return out
 
 
-class _TargetView:
-    """What `load_head(dir, target)` needs from the target: its HF config and its embedding / LM head."""
+def _install_server_info_hook() -> None:
+    """/server_info's internal_states gain a "jetflow" entry (per-step budget, accept length, head pool) from the
+    scheduler's speculative worker. SGLang 0.5.23 has no hook for plugin algorithms (only DSPARK's records), so its
+    collector method is wrapped once, in the scheduler process, when a JETFLOW worker starts."""
+    from sglang.srt.managers.scheduler_components.internal_state import SchedulerInternalStateController as C
 
-    def __init__(self, model, hf_config):
-        self.config = hf_config
-        self._model = model
-        # SGLang pads vocab-parallel weights (376 -> 384 rows); views of the real rows share the target's memory.
-        v = hf_config.vocab_size
-        self._emb = torch.nn.Embedding(v, hf_config.hidden_size, _weight=model.model.embed_tokens.weight[:v],
-                                       _freeze=True)
-        self._lm = types.SimpleNamespace(weight=model.lm_head.weight[:v])
+    if getattr(C._add_speculative, "_jetflow", False):
+        return
+    original = C._add_speculative
 
-    def get_input_embeddings(self):
-        return self._emb
+    def _add_speculative(self, state):
+        original(self, state)
+        worker = getattr(self.scheduler, "draft_worker", None)
+        if hasattr(worker, "jetflow_server_info"):
+            state["jetflow"] = worker.jetflow_server_info()
 
-    def get_output_embeddings(self):
-        return self._lm
-
-    def parameters(self):
-        return self._model.parameters()
+    _add_speculative._jetflow = True
+    C._add_speculative = _add_speculative
 
 
-def _env_int(name: str, default):
-    v = os.environ.get(name)
-    if v is None or v == "":
-        return default
-    try:
-        return int(v)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer; got {v!r}") from None
+def _sync(device) -> None:
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 class JetFlowWorker(BaseSpecWorker):
@@ -90,69 +95,134 @@ class JetFlowWorker(BaseSpecWorker):
         self._draft_worker = None
         self.model_runner = target_worker.model_runner
         self.device = self.model_runner.device
-        cfg = resolving_view(server_args)  # the resolved arguments (the plugin's defaults included)
-        self.n = int(cfg.speculative_num_draft_tokens)
-        # JETFLOW_BUDGET=auto: each round's tree size adapts to acceptance and batch size, up to the budget above
-        # (the KV slots SGLang reserves per decode step are sized for it).
-        budget_mode = os.environ.get("JETFLOW_BUDGET", "").strip().lower()
-        if budget_mode not in ("", "fixed", "auto"):
-            raise ValueError(f"JETFLOW_BUDGET must be 'auto' or 'fixed'; got {budget_mode!r}")
-        self.adaptive = AdaptiveBudget(max_budget=self.n) if budget_mode == "auto" else None
-        self.reqs: dict[str, _Req] = {}
+        self.cfg = JetFlowServerConfig.from_server_args(server_args)
+        self.n = self.cfg.budget
+        self.head = self._load_head() if self.cfg.needs_head else None
+        if self.head is None and self.cfg.drafter not in ("ngram", "ar"):
+            raise ValueError(f"JETFLOW drafter {self.cfg.drafter!r} needs a head")
+        if self.head is not None and self.cfg.drafter not in BATCHED_HEAD_DRAFTERS:
+            raise ValueError(f"JETFLOW_DRAFTER={self.cfg.drafter} is not available in the batched server; "
+                             f"use one of {', '.join(BATCHED_HEAD_DRAFTERS)}")
+        self.host_drafter = None
+        if self.head is None:
+            from ..drafters import make_drafter
 
-        head_dir = cfg.speculative_draft_model_path
-        name = os.environ.get("JETFLOW_DRAFTER") or ("jetflow" if head_dir else "ngram")
-        head = None
-        if name in HEAD_DRAFTERS:
-            if not head_dir:
-                raise ValueError(f"JETFLOW drafter {name!r} needs --speculative-draft-model-path (a JetFlow head folder)")
-            from ..head import load_head
+            self.host_drafter = make_drafter(self.cfg.drafter)
+        self.depth = self._depth()
+        self.width = self.cfg.width
+        self.capture = CaptureHiddenMode.FULL if self.head is not None else None
+        self.full_mask = str(self.device) != "cpu"  # QLEN_ONLY for our CPU backend, FULL for GPU custom-mask ones
+        self.adaptive = self._make_budget() if self.cfg.adaptive else None
+        self.generator = make_generator(server_args, self.device, offset=0x7E7F)  # the same on every TP rank
+        self.stats = StepStats()
+        self.pool: HeadKVPool | None = None
+        self.penalties = PathPenalties()
+        _install_server_info_hook()
+        logger.info("JETFLOW worker: %s depth=%d", self.cfg.describe(), self.depth)
 
-            model = self.model_runner.model
-            view = _TargetView(model, self.model_runner.model_config.hf_config)
-            head = load_head(head_dir, view, device=self.device)
-            taps = list(head.config.tap_layers)
-            if taps != sorted(taps):
-                raise ValueError(f"head tap layers must be ascending (SGLang concatenates them in layer order): {taps}")
-            n_layers = self.model_runner.model_config.hf_config.num_hidden_layers
-            if taps[-1] + 1 >= n_layers:  # SGLang captures *inputs* of layers; the last layer's output is not one
-                raise ValueError(f"tap layer {taps[-1]} is the target's last layer; SGLang can capture up to "
-                                 f"layer {n_layers - 2}")
-            if not hasattr(model, "set_dflash_layers_to_capture"):
-                raise ValueError(f"{type(model).__name__} cannot expose hidden states to a draft head in SGLang")
-            # capture "before layer l+1" == output of decoder layer l (HF hidden_states[l+1])
-            model.set_dflash_layers_to_capture(taps)
-        self.drafter = make_drafter(name, head=head, width=_env_int("JETFLOW_WIDTH", 8))
-        depth = _env_int("JETFLOW_DEPTH", None)
-        if depth is not None and hasattr(self.drafter, "depth"):
-            self.drafter.depth = max(1, min(depth, self.drafter.depth))
-        self.needs_taps = bool(getattr(self.drafter, "needs_taps", False))
-        self.capture = CaptureHiddenMode.FULL if self.needs_taps else None
-        # QLEN_ONLY mask for our CPU backend; the FULL layout for SGLang's GPU custom-mask backends.
-        self.full_mask = self.device != "cpu" and str(self.device) != "cpu"
-        logger.info("JETFLOW worker: drafter=%s budget=%d width=%s depth=%s", name, self.n,
-                    getattr(self.drafter, "width", "-"), getattr(self.drafter, "depth", "-"))
+    # -- setup -------------------------------------------------------------------------------------------------
+    def _load_head(self):
+        try:
+            from .target_view import load_head_for_runner
+        except ImportError:  # H4's TP-safe view not landed yet
+            load_head_for_runner = None
+        if load_head_for_runner is not None:
+            head = load_head_for_runner(self.model_runner, self.cfg.head_dir)
+        else:
+            head = self._load_head_local()
+        model = self.model_runner.model
+        taps = list(head.config.tap_layers)
+        if taps != sorted(taps):
+            raise ValueError(f"head tap layers must be ascending (SGLang concatenates them in layer order): {taps}")
+        n_layers = self.model_runner.model_config.hf_config.num_hidden_layers
+        if taps[-1] + 1 >= n_layers:
+            raise ValueError(f"tap layer {taps[-1]} is the target's last layer; SGLang can capture up to "
+                             f"layer {n_layers - 2}")
+        if not hasattr(model, "set_dflash_layers_to_capture"):
+            raise ValueError(f"{type(model).__name__} cannot expose hidden states to a draft head in SGLang")
+        model.set_dflash_layers_to_capture(taps)
+        return head
+
+    def _load_head_local(self):
+        import types
+
+        from ..head import load_head
+
+        model, hf = self.model_runner.model, self.model_runner.model_config.hf_config
+        v = hf.vocab_size
+        emb = torch.nn.Embedding(v, hf.hidden_size, _weight=model.model.embed_tokens.weight[:v], _freeze=True)
+        view = types.SimpleNamespace(config=hf, get_input_embeddings=lambda: emb,
+                                     get_output_embeddings=lambda: types.SimpleNamespace(weight=model.lm_head.weight[:v]),
+                                     parameters=model.parameters)
+        return load_head(self.cfg.head_dir, view, device=self.device)
+
+    def _depth(self) -> int:
+        if self.head is not None:
+            d = self.head.config.block_size - 1
+        else:
+            d = getattr(self.host_drafter, "max_depth", self.n - 1)
+        if self.cfg.depth is not None:
+            d = min(d, self.cfg.depth)
+        return max(1, min(d, self.n - 1)) if self.n > 1 else 1
+
+    def _make_budget(self):
+        from ..budget import AdaptiveBudget
+
+        try:
+            return AdaptiveBudget(max_budget=self.n, allow_zero=True)
+        except TypeError:  # an AdaptiveBudget without budget 0
+            return AdaptiveBudget(max_budget=self.n)
 
     # -- BaseSpecWorker plumbing ------------------------------------------------------------------------------
     def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None):
-        # the target pools exist only now; the head keeps its own context K/V outside them
         self.req_to_token_pool, self.token_to_kv_pool_allocator = self._target_worker.get_memory_pool()
+        if self.head is not None:
+            kv = self.model_runner.token_to_kv_pool
+            rows = kv.get_key_buffer(kv.start_layer if hasattr(kv, "start_layer") else 0).shape[0]
+            self.pool = HeadKVPool(self.head, rows, self.device)
+            logger.info("JETFLOW head K/V pool: %d slots, %.1f MiB", rows, self.pool.bytes / 2**20)
 
     def clear_cache_pool(self):
-        self.reqs.clear()
+        pass  # rows belong to KV slots; a flushed cache frees the slots and later writes overwrite the rows
 
     def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
-        self.reqs.pop(rid, None)
+        pass
+
+    def jetflow_server_info(self) -> dict:
+        return self.stats.snapshot(self.pool)
 
     # -- one scheduler step ------------------------------------------------------------------------------------
     def forward_batch_generation(self, batch, on_publish=None, pp_proxy_tensors=None) -> GenerationBatchResult:
-        if batch.forward_mode.is_decode():
-            return self._verify(batch, on_publish)
+        if not batch.forward_mode.is_decode():
+            return self._prefill(batch, on_publish, pp_proxy_tensors)
+        t0 = time.perf_counter()
+        bs = len(batch.reqs)
+        budget = broadcast_object_from_rank0(self.adaptive.choose(bs)) if self.adaptive else self.n
+        tree = self._draft(batch, budget)
+        broadcast_from_rank0([tree.tokens, tree.parents, tree.depths, tree.sizes])  # TP ranks verify one tree
+        out, res = self._verify(batch, tree)
+        path, bonus = self._accept(batch, tree, out.next_token_logits)
+        broadcast_from_rank0([path, bonus])  # ... and accept one path
+        result = self._commit(batch, tree, out, res, path, bonus, on_publish)
+        _sync(self.device)
+        self._observe(tree, path, bs, budget, time.perf_counter() - t0)
+        return result
+
+    @torch.no_grad()
+    def _prefill(self, batch, on_publish, pp_proxy_tensors) -> GenerationBatchResult:
         res = self.target_worker.forward_batch_generation(batch, pp_proxy_tensors=pp_proxy_tensors,
                                                           capture_hidden_mode=self.capture)
         bs = len(batch.reqs)
-        if self.needs_taps and batch.forward_mode.is_extend() and bs:
-            self._keep_prefill_taps(batch, res.logits_output.hidden_states)
+        if self.pool is not None and batch.forward_mode.is_extend() and bs:
+            hidden = res.logits_output.hidden_states
+            if hidden is None:
+                raise RuntimeError("the target returned no hidden states; its model class does not capture taps")
+            dev = hidden.device
+            ext = torch.tensor(batch.extend_lens, device=dev)
+            start = torch.tensor(batch.prefix_lens, device=dev)
+            first = torch.cumsum(ext, 0) - ext
+            pos = torch.arange(hidden.shape[0], device=dev) - torch.repeat_interleave(first - start, ext)
+            self.pool.write(batch.out_cache_loc, hidden, pos)
         new_seq_lens = batch.seq_lens.clone()
         accept_tokens = torch.zeros(bs, self.n, dtype=torch.int32, device=self.device)
         if bs:
@@ -170,63 +240,64 @@ class JetFlowWorker(BaseSpecWorker):
         return JetFlowVerifyInput(draft_token_num=n or self.n, new_seq_lens=new_seq_lens, accept_tokens=accept_tokens,
                                   accept_lens=accept_lens)
 
-    def _keep_prefill_taps(self, batch, hidden):
-        if hidden is None:
-            raise RuntimeError("the target returned no hidden states; its model class does not capture tap layers")
-        off = 0
-        for req, prefix_len, ext in zip(batch.reqs, batch.prefix_lens, batch.extend_lens):
-            r = self.reqs.get(req.rid)
-            if r is None or prefix_len == 0:  # new, or re-prefilled after a retraction: start over
-                self.reqs.pop(req.rid, None)
-                r = self.reqs[req.rid] = _Req()
-            r.taps.append(hidden[off: off + ext])
-            off += ext
-        # A request that finishes at prefill (max_tokens=1, abort) never decodes; keep the oldest pending bounded.
-        pending = [rid for rid, r in self.reqs.items() if r.state is None]
-        for rid in pending[: max(0, len(pending) - 4 * self.model_runner.max_running_requests - 16)]:
-            del self.reqs[rid]
-
-    def _request(self, req, seq_len: int) -> _Req:
-        r = self.reqs.get(req.rid)
-        if r is None:
-            if self.needs_taps:
-                raise RuntimeError(f"request {req.rid} reached decode without its prefill taps")
-            r = self.reqs[req.rid] = _Req()
-        if r.state is None:
-            ctx = (list(req.origin_input_ids) + list(req.output_ids))[:seq_len]
-            taps = torch.cat(r.taps) if r.taps else None
-            if taps is not None and taps.shape[0] != seq_len:
-                raise RuntimeError(f"request {req.rid}: {taps.shape[0]} tap rows for {seq_len} committed tokens")
-            r.state, r.taps = self.drafter.new_state(ctx, taps), []
-            seed = req.sampling_params.sampling_seed
-            r.generator = torch.Generator().manual_seed(seed if seed is not None else torch.seed())
-        return r
-
+    # -- draft: one head forward for the batch -> TreeBatch --------------------------------------------------
     @torch.no_grad()
-    def _verify(self, batch, on_publish) -> GenerationBatchResult:
-        bs = len(batch.reqs)
-        n = self.adaptive.choose(bs) if self.adaptive else self.n
-        t0 = time.perf_counter()
-        seq_lens = batch.seq_lens.tolist()
-        info = batch.sampling_info
-        temps = info.temperatures.view(-1).tolist()
-        top_ks, top_ps = info.top_ks.view(-1).tolist(), info.top_ps.view(-1).tolist()
-        greedy = [k == 1 for k in top_ks]  # SGLang turns temperature 0 into top_k=1
+    def _draft(self, batch, budget: int) -> TreeBatch:
+        anchors = torch.tensor([r.output_ids[-1] for r in batch.reqs], dtype=torch.long, device=self.device)
+        b = anchors.shape[0]
+        if budget <= 1:  # plain decoding: the root alone, no head forward
+            return build_topb(anchors, anchors.new_zeros(b, 1, 1), torch.zeros(b, 1, 1, device=self.device), 1)
+        if self.head is None:
+            return self._draft_host(batch, anchors, budget)
+        toks, lps = self._head_topk(batch, anchors)
+        if self.cfg.drafter == "dflash":  # the head's argmax chain
+            toks, lps = toks[:, :, :1], lps[:, :, :1]
+        return build_topb(anchors, toks, lps, budget)
 
-        states, trees = [], []
-        for i, req in enumerate(batch.reqs):
-            r = self._request(req, seq_lens[i])
-            states.append(r)
-            anchor = int(req.output_ids[-1])
-            try:
-                trees.append(self.drafter.draft(r.state, anchor, n, temperature=0.0 if greedy[i] else temps[i],
-                                                generator=r.generator))
-            except Exception:  # a drafting bug must not take the server down: verify the root alone (plain decode)
-                logger.exception("JETFLOW drafter failed for request %s; decoding this round without a draft", req.rid)
-                trees.append(DraftTree.root(anchor))
+    def _head_topk(self, batch, anchors):
+        """Per-depth top-`width` candidates [b, D, W] of one causal/bidirectional block forward per request, all
+        requests in one padded batch over the head K/V pool."""
+        head, depth = self.head, self.depth
+        b, dev = anchors.shape[0], self.device
+        ctx_lens = batch.seq_lens.to(dev)
+        max_len = int(batch.seq_lens_cpu.max()) if batch.seq_lens_cpu is not None else int(ctx_lens.max())
+        ctx_kv = self.pool.gather(batch.req_to_token_pool.req_to_token, batch.req_pool_indices, ctx_lens, max_len)
+        size = depth + 1
+        from ..head import MASK
 
-        t1 = time.perf_counter()
-        tokens, mask, positions, r_index, r_next, r_sib = pack_trees(trees, n, seq_lens, self.full_mask, self.device)
+        tokens = torch.full((b, size), MASK, dtype=torch.long, device=dev)
+        tokens[:, 0] = anchors
+        positions = ctx_lens.long()[:, None] + torch.arange(size, device=dev)[None]
+        ctx_ok = torch.arange(max_len, device=dev)[None] < ctx_lens[:, None]
+        inner = torch.ones(size, size, dtype=torch.bool, device=dev)
+        if head.config.causal:
+            inner = inner.tril()
+        mask = torch.cat([ctx_ok[:, None, :].expand(b, size, max_len), inner[None].expand(b, size, size)], 2)
+        hidden = head(tokens, positions, ctx_kv, mask)[:, 1:]
+        if not hasattr(self, "_lm_weight"):
+            self._lm_weight = head.lm_weight().detach().contiguous()
+        lp = head.logits(hidden, self._lm_weight).float().log_softmax(-1)
+        vals, idx = lp.topk(min(self.width, lp.shape[-1]), -1)
+        return head.vocab_ids[idx], vals
+
+    def _draft_host(self, batch, anchors, budget: int) -> TreeBatch:
+        """Head-less drafters (prompt lookup) work on token lists on the host."""
+        from ..drafters import State
+
+        trees = []
+        for req in batch.reqs:
+            ctx = list(req.origin_input_ids) + list(req.output_ids[:-1])
+            trees.append(self.host_drafter.draft(State(tokens=ctx), req.output_ids[-1], budget))
+        return TreeBatch.from_trees(trees, budget=budget, device=self.device)
+
+    # -- verify: one TARGET_VERIFY forward --------------------------------------------------------------------
+    @torch.no_grad()
+    def _verify(self, batch, tree: TreeBatch):
+        bs, n = tree.tokens.shape
+        max_len = int(batch.seq_lens_cpu.max()) if self.full_mask else None
+        tokens, mask, positions, r_index, r_next, r_sib = verify_tensors(
+            tree.tokens, tree.parents, tree.depths, tree.sizes, tree.ancestor_mask(), batch.seq_lens, self.full_mask,
+            max_len)
         batch.forward_mode = ForwardMode.TARGET_VERIFY
         batch.input_ids = tokens
         batch.out_cache_loc = assign_extend_cache_locs_func(
@@ -238,45 +309,58 @@ class JetFlowWorker(BaseSpecWorker):
             retrieve_next_token=r_next, retrieve_next_sibling=r_sib, draft_token_num=n,
             capture_hidden_mode=self.capture or CaptureHiddenMode.NULL)
         res = self.target_worker.forward_batch_generation(batch, is_verify=True, capture_hidden_mode=self.capture)
-        out = res.logits_output
-        logits = self._adjust(out.next_token_logits, info, n)
-        t2 = time.perf_counter()
-        if batch.has_grammar:  # constrained decoding: mask every node's logits with the grammar state along its path
-            from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
+        self._links = (r_next, r_sib)
+        return res.logits_output, res
 
-            tree = GrammarTree.from_host(r_next.cpu(), r_sib.cpu(), tokens.cpu().view(bs, n))
-            grammar_mask = build_grammar_vocab_mask(reqs=batch.reqs, tree=tree, sampling_info=info,
-                                                    device=self.device, barrier=None)
-            if grammar_mask is not None:
-                logits = logits.clone() if logits is out.next_token_logits else logits
-                grammar_mask.apply(logits)
+    # -- accept: on the device ----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _accept(self, batch, tree: TreeBatch, logits):
+        bs, n = tree.tokens.shape
+        info = batch.sampling_info
+        logits = self.penalties.apply(logits, info, tree)
+        if batch.has_grammar:
+            logits = self._grammar(batch, tree, logits)
+        depth = min(tree.depth_bound, n - 1)
+        logits = logits.view(bs, n, -1)
+        last, g_bonus = greedy_path(tree.tokens, tree.parents, tree.depths, tree.sizes, logits.argmax(-1), depth)
+        path = path_from_last(tree.parents, tree.depths, last, depth)
+        if info.is_all_greedy:
+            return path, g_bonus
+        probs = processed_probs(logits, info)
+        chosen, s_bonus = sample_path(tree.tokens, tree.parents, tree.sizes, probs, depth, self.width, self.generator)
+        s_path = torch.cat([torch.zeros_like(chosen[:, :1]), chosen], 1)
+        greedy = (info.top_ks.view(-1) == 1).to(path.device)  # SGLang turns temperature 0 into top_k = 1
+        return torch.where(greedy[:, None], path, s_path), torch.where(greedy, g_bonus, s_bonus)
 
-        # acceptance: the core's rules, per request, on the real (unpadded) tree
-        predict = torch.zeros(bs * n, dtype=torch.int32)
-        accept_index = torch.full((bs, n), -1, dtype=torch.int32)
-        accept_lens = torch.empty(bs, dtype=torch.int32)
-        argmax = logits.argmax(-1).view(bs, n).tolist()
-        for i, (tree, r) in enumerate(zip(trees, states)):
-            m = len(tree)
-            if greedy[i]:
-                path, bonus = greedy_accept(tree, argmax[i][:m])
-            else:
-                k = top_ks[i] if 0 < top_ks[i] < logits.shape[-1] else 0
-                probs = process_logits(logits[i * n: i * n + m], temps[i], k, top_ps[i]).cpu()
-                path, bonus = sample_accept(tree, probs, r.generator)
-            nxt = [tree.tokens[p] for p in path[1:]] + [bonus]
-            for j, (node, tok) in enumerate(zip(path, nxt)):
-                accept_index[i, j] = i * n + node
-                predict[i * n + node] = tok
-            accept_lens[i] = len(path)
-            if self.adaptive:
-                self.adaptive.observe(path, m, bs, verify_s=t2 - t1, draft_s=(t1 - t0) / bs)
-            taps = out.hidden_states[i * n + torch.tensor(path, device=out.hidden_states.device)] \
-                if self.needs_taps else None
-            self.drafter.advance(r.state, [tree.tokens[p] for p in path], taps)
+    def _grammar(self, batch, tree: TreeBatch, logits):
+        from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
 
-        predict, accept_index, accept_lens = (t.to(self.device) for t in (predict, accept_index, accept_lens))
+        r_next, r_sib = self._links
+        gtree = GrammarTree.from_host(r_next.cpu(), r_sib.cpu(), tree.tokens.cpu())
+        grammar_mask = build_grammar_vocab_mask(reqs=batch.reqs, tree=gtree, sampling_info=batch.sampling_info,
+                                                device=self.device, barrier=None)
+        if grammar_mask is not None:
+            logits = logits.clone()
+            grammar_mask.apply(logits)
+        return logits
+
+    # -- commit: KV move, head rows, result ---------------------------------------------------------------------
+    @torch.no_grad()
+    def _commit(self, batch, tree: TreeBatch, out, res, path, bonus, on_publish) -> GenerationBatchResult:
+        bs, n = tree.tokens.shape
+        predict, accept_index, accept_lens, emitted = to_sglang(tree.tokens, path, bonus, n)
+        self.penalties.commit(batch.sampling_info, emitted, accept_lens)
         move_accept_tokens_to_target_kvcache(batch, accept_index, accept_lens - 1, self.token_to_kv_pool_allocator)
+        if self.pool is not None:  # head rows for every window slot; rows past the accepted ones are rewritten later
+            cols = torch.arange(n, device=self.device)[None]
+            src = torch.where(accept_index >= 0, accept_index.long(),
+                              (torch.arange(bs, device=self.device) * n)[:, None].expand(bs, n))
+            taps = out.hidden_states[src.reshape(-1)]
+            pos = batch.seq_lens.long()[:, None] + cols
+            loc = batch.req_to_token_pool.req_to_token[batch.req_pool_indices.long()[:, None], pos]
+            keep = cols < accept_lens[:, None]  # only accepted rows: the others may hold nothing of this request
+            loc = torch.where(keep, loc.long(), torch.zeros_like(loc, dtype=torch.long))  # slot 0 = padding slot
+            self.pool.write(loc.reshape(-1), taps, pos.reshape(-1))
         if batch.return_logprob:
             from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 
@@ -285,22 +369,18 @@ class JetFlowWorker(BaseSpecWorker):
         if on_publish is not None:
             on_publish(new_seq_lens)
         batch.forward_mode = ForwardMode.DECODE
-        accept_tokens = predict[accept_index].flatten()  # -1 slots read garbage the scheduler never looks at
+        accept_tokens = predict[accept_index.long()].flatten()  # -1 slots read garbage the scheduler never looks at
         return GenerationBatchResult(
             logits_output=out, next_token_ids=accept_tokens, can_run_cuda_graph=res.can_run_cuda_graph,
             accept_lens=accept_lens, new_seq_lens=new_seq_lens,
             next_draft_input=self._carry(new_seq_lens, accept_tokens, accept_lens, n),
             speculative_num_draft_tokens=n)
 
-    def _adjust(self, logits, info, n):
-        """The logit edits SGLang applies before its own verify (penalties, logit_bias), per node."""
-        if info.acc_additive_penalties is not None:
-            logits = logits + info.acc_additive_penalties.repeat_interleave(n, 0)
-        if info.acc_scaling_penalties is not None:
-            from sglang.srt.sampling.penaltylib.repetition_penalty import apply_scaling_penalties
-
-            logits = logits.clone()
-            apply_scaling_penalties(logits, info.acc_scaling_penalties.repeat_interleave(n, 0))
-        if info.logit_bias is not None:
-            logits = logits + info.logit_bias.repeat_interleave(n, 0)
-        return logits
+    def _observe(self, tree: TreeBatch, path, bs: int, budget: int, round_s: float) -> None:
+        """Bookkeeping on the host after the round: statistics and the adaptive budget."""
+        lens = (path >= 0).sum(1)
+        self.stats.record(budget, bs, float(lens.float().mean()), round_s)
+        if self.adaptive is not None:
+            paths = path.tolist()
+            for p in paths:
+                self.adaptive.observe([x for x in p if x >= 0], max(budget, 1), bs, verify_s=round_s / bs)
