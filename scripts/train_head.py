@@ -7,6 +7,10 @@
 trains the causal head (the default; also used by jetflow-branch) and the bidirectional head (ddtree/dflash) in one
 process on identical batches, and exports them into jetflow_sglang/heads/. Rerunning the same command resumes.
 On a GPU add `--device cuda` (and raise --seqs / --minutes as the budget allows).
+
+Data-parallel (DDP; gloo on CPU, nccl on CUDA): `torchrun --nproc-per-node N scripts/train_head.py ...` with the same
+arguments. Each rank builds and holds only its shard of the teacher features and draws --seqs sequences per step
+(global batch = N x --seqs); only rank 0 evaluates, logs, checkpoints and exports. A run resumes with any N.
 """
 import argparse
 import json
@@ -20,6 +24,7 @@ from transformers import AutoModelForCausalLM
 
 from jetflow_sglang.paths import DEFAULT_HEAD_DIR
 from jetflow_sglang.train import data as D
+from jetflow_sglang.train import dist
 from jetflow_sglang.train.features import build_cache
 from jetflow_sglang.train.trainer import TrainConfig, draft_vocab, export, make_head, train
 
@@ -39,11 +44,19 @@ def main(argv=None):
     ap.add_argument("--gamma", type=float, default=0.0, help="depth weighting exp(-(d-1)/gamma); 0 = uniform")
     ap.add_argument("--branch-prob", type=float, default=0.3, help="share of branch-conditioned blocks (causal head)")
     ap.add_argument("--lr", type=float, default=3e-4)
-    ap.add_argument("--seqs", type=int, default=4, help="sequences per step")
+    ap.add_argument("--seqs", type=int, default=4, help="sequences per step (per rank under torchrun)")
     ap.add_argument("--blocks", type=int, default=16, help="anchor blocks per sequence")
     ap.add_argument("--minutes", type=float, default=60.0, help="training wall time (all heads together); 0 = --steps")
     ap.add_argument("--steps", type=int, default=10**9)
     ap.add_argument("--eval-every", type=int, default=100)
+    ap.add_argument("--log-every", type=int, default=10)
+    ap.add_argument("--no-feature-files", action="store_true",
+                    help="keep the teacher features in memory only (no RUN/features; recomputed on a rerun)")
+    ap.add_argument("--until", type=float, default=None,
+                    help="unix time by which training must end (its minutes are what is left after the features)")
+    ap.add_argument("--export-every-ckpt", action="store_true",
+                    help="export the heads at every checkpoint too, so a run cut short still leaves heads")
+    ap.add_argument("--ckpt-minutes", type=float, default=0.0, help="also checkpoint every this many training minutes")
     ap.add_argument("--eval-frac", type=float, default=0.03, help="share of greedy sequences held out")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=2)
@@ -55,58 +68,96 @@ def main(argv=None):
     kinds = [k for k in a.heads.split(",") if k]
     if not kinds or any(k not in ("causal", "bidir") for k in kinds):
         ap.error("--heads takes causal, bidir or causal,bidir")
+    info = dist.DistInfo.from_env()
+    device = info.device(a.device)
     if a.target is None:
         from jetflow_sglang.paths import default_paths
         a.target = default_paths()[0]
-    run = Path(a.run)
-    run.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
-    model = AutoModelForCausalLM.from_pretrained(a.target, dtype=torch.bfloat16).to(a.device).eval()
-    model.requires_grad_(False)
-
     recs = [r for path in a.data for r in D.read_records(path)]
     if not recs:
         sys.exit(f"no records in {a.data}; run scripts/regenerate.py first")
-    held = lambda r: r["mode"] == "greedy" and zlib.crc32(r["key"].encode()) % 1000 < a.eval_frac * 1000  # noqa: E731
-    n_taps_layers = make_head(model, True, torch.arange(8), a.layers, a.taps).config.tap_layers
-    items = build_cache(model, recs, n_taps_layers, run / "features")
-    if a.device != "cpu":  # batches are then assembled on the device: no host copy of the taps per step
-        for it in items:
-            it["taps"], it["final"] = it["taps"].to(a.device), it["final"].to(a.device)
-    train_items = [it for r, it in zip(recs, items) if not held(r)]
-    eval_items = [it for r, it in zip(recs, items) if held(r)]
-    n_cont = sum(len(it["ids"]) - it["prompt_len"] for it in train_items)
-    print(f"[train] {len(train_items)} training sequences ({n_cont} continuation tokens), {len(eval_items)} held out; "
-          f"features ready after {time.time() - t0:.0f} s", flush=True)
+    if len(recs) < info.world:
+        sys.exit(f"{len(recs)} records cannot feed {info.world} ranks")
+    dist.init(info, device)
+    try:
+        run_training(a, kinds, info, device, recs, argv)
+    finally:
+        dist.shutdown()
 
-    vocab = draft_vocab(train_items, a.vocab, model.config.vocab_size)
-    ev_tokens = [t for it in eval_items for t in it["ids"][it["prompt_len"]:].tolist()]
+
+def run_training(a, kinds, info, device, recs, argv):
+    run = Path(a.run)
+    run.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    model = AutoModelForCausalLM.from_pretrained(a.target, dtype=torch.bfloat16).to(device).eval()
+    model.requires_grad_(False)
+    held = lambda r: r["mode"] == "greedy" and zlib.crc32(r["key"].encode()) % 1000 < a.eval_frac * 1000  # noqa: E731
+    train_recs = [r for r in recs if not held(r)]
+    eval_recs = [r for r in recs if held(r)]
+    mine = dist.shard(train_recs, info.rank, info.world) + (eval_recs if info.main else [])
+    tap_layers = make_head(model, True, torch.arange(8), a.layers, a.taps).config.tap_layers
+    items = build_cache(model, mine, tap_layers, None if a.no_feature_files else run / "features", progress=info.main,
+                        tag=f"r{info.rank}" if info.distributed else "")
+    if device != "cpu":  # batches are then assembled on the device: no host copy of the taps per step
+        for it in items:
+            it["taps"], it["final"] = it["taps"].to(device), it["final"].to(device)
+    eval_keys = {r["key"] for r in eval_recs}
+    train_items = [it for it in items if it["key"] not in eval_keys]
+    eval_items = [it for it in items if it["key"] in eval_keys]
+    n_cont = sum(len(r["ids"]) - r["prompt_len"] for r in train_recs)
+    if info.main:
+        print(f"[train] {len(train_recs)} training sequences ({n_cont} continuation tokens) over {info.world} rank(s), "
+              f"{len(eval_recs)} held out; features ready after {time.time() - t0:.0f} s", flush=True)
+
+    vocab = draft_vocab(train_recs, a.vocab, model.config.vocab_size)  # from the records: identical on every rank
+    ev_tokens = [t for r in eval_recs for t in r["ids"][r["prompt_len"]:]]
     vset = set(vocab.tolist())
     coverage = sum(t in vset for t in ev_tokens) / max(len(ev_tokens), 1)
     heads = {k: make_head(model, k == "causal", vocab, a.layers, a.taps) for k in kinds}
     cfg = TrainConfig(loss=a.loss, gamma=a.gamma, lr=a.lr, seqs=a.seqs, blocks=a.blocks, branch_prob=a.branch_prob,
                       steps=a.steps, minutes=a.minutes, eval_every=a.eval_every, ckpt_every=a.eval_every,
-                      seed=a.seed, device=a.device)
+                      log_every=a.log_every,
+                      ckpt_minutes=a.ckpt_minutes, seed=a.seed, device=device)
+    if a.until is not None:  # the time left after loading and features, less a reserve for the final eval and export
+        done = torch.load(run / "ckpt.pt", weights_only=False)["elapsed"] / 60 if (run / "ckpt.pt").exists() else 0.0
+        cfg.minutes = done + max((a.until - time.time() - 20) / 60, 0.1)
+        cfg.steps = max(cfg.steps, 1)
+        if info.main:
+            print(f"[train] {cfg.minutes:.2f} training minutes left before --until", flush=True)
+    provenance = {"command": " ".join(sys.argv), "target": str(a.target), "train_sequences": len(train_recs),
+                  "train_continuation_tokens": n_cont, "draft_vocab": len(vocab), "world_size": info.world}
+
+    def export_now(step, hs):
+        for k, h in hs.items():
+            export(h, a.out_causal if k == "causal" else a.out_bidir, provenance | {"head": k, "steps": step,
+                                                                                  "partial": True})
+        print(f"[train] step {step}: checkpoint and heads exported", flush=True)
+
     t1 = time.time()
-    history = train(heads, model, train_items, eval_items, cfg, run)
+    history = train(heads, model, train_items, eval_items, cfg, run, info=info,
+                    on_ckpt=export_now if a.export_every_ckpt and not a.no_export else None)
+    if not info.main:
+        return
     train_s = time.time() - t1
     step = torch.load(run / "ckpt.pt", weights_only=False)["step"]
     command = "python " + " ".join([Path(sys.argv[0]).as_posix()] + (sys.argv[1:] if argv is None else list(argv)))
+    if info.distributed:
+        command = f"torchrun --nproc-per-node {info.world} " + command[len("python "):]
     minutes = history[kinds[0]][-1]["min"] if history[kinds[0]] else None
     summary = {"command": command,
-               "target": str(a.target), "data": a.data, "train_sequences": len(train_items),
-               "train_continuation_tokens": n_cont, "eval_sequences": len(eval_items),
+               "target": str(a.target), "data": a.data, "train_sequences": len(train_recs),
+               "train_continuation_tokens": n_cont, "eval_sequences": len(eval_recs), "world_size": info.world,
+               "global_batch_sequences": a.seqs * info.world,
                "draft_vocab": len(vocab), "eval_vocab_coverage": round(coverage, 4), "steps": step,
                "train_wall_s_this_run": round(train_s), "train_minutes_total": minutes,
-               "loss": a.loss, "gamma": a.gamma, "branch_prob": a.branch_prob, "device": a.device,
-               "final_eval": {k: history[k][-1] for k in kinds if history[k]}}
+               "loss": a.loss, "gamma": a.gamma, "branch_prob": a.branch_prob, "lr": a.lr, "layers": a.layers,
+               "device": a.device, "final_eval": {k: history[k][-1] for k in kinds if history[k]}}
     (run / "summary.json").write_text(json.dumps({**summary, "history": history}, indent=2))
     print(json.dumps(summary, indent=2))
     if not a.no_export:
         for k, h in heads.items():
             out = export(h, a.out_causal if k == "causal" else a.out_bidir, summary | {"head": k})
             print(f"[train] {k} head -> {out}")
-
 
 if __name__ == "__main__":
     main()

@@ -29,7 +29,8 @@ def byte_tokenizer():
 
 
 def tiny_target(arch="llama", vocab=258, seed=0):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                              Qwen3ForCausalLM)
 
     torch.manual_seed(seed)
     kw = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
@@ -37,6 +38,8 @@ def tiny_target(arch="llama", vocab=258, seed=0):
               eos_token_id=1, pad_token_id=1, initializer_range=0.2)  # peaky logits: a teacher worth copying
     if arch == "qwen3":
         m = Qwen3ForCausalLM(Qwen3Config(head_dim=16, **kw))
+    elif arch == "qwen2":
+        m = Qwen2ForCausalLM(Qwen2Config(**kw))
     else:
         m = LlamaForCausalLM(LlamaConfig(**kw))
     return m.eval().requires_grad_(False)

@@ -210,16 +210,20 @@ def generate_batch(model, prompt_ids: list[list[int]], max_new_tokens: int, eos_
     return conts
 
 
-def regenerate(model, tokenizer, prompts: dict[str, list[str]], out_path: str | os.PathLike, target_tokens: int,
+def regenerate(engine, tokenizer, prompts: dict[str, list[str]], out_path: str | os.PathLike, target_tokens: int,
                mix: dict[str, float] | None = None, sample_frac: float = 0.25, temperature: float = 0.7,
                batch_size: int = 32, max_new_tokens: int = 224, max_prompt_tokens: int = 320, seed: int = 0,
-               time_limit: float | None = None, progress: bool = True) -> list[dict]:
+               time_limit: float | None = None, progress: bool = True, shard: tuple[int, int] = (0, 1),
+               skip_keys=frozenset()) -> list[dict]:
     """Let the target continue prompts until `target_tokens` continuation tokens exist in `out_path`.
 
     Resumable: records already in the file are kept and their prompts skipped. The next batch always comes from the
     source (and greedy/sampled mode) that is furthest below its share, so a run stopped early still has the mix.
     Prompt i of a source is sampled at `temperature` iff its seeded coin says so (stable across restarts).
-    `time_limit` (seconds) stops after the batch that crosses it.
+    `time_limit` (seconds) stops after the batch that crosses it. `engine` is an HF model (continued with
+    `model.generate`) or an engines.Continuer such as engines.SGLangContinuer; the records are the same either way.
+    `shard=(i, n)` takes only prompt indices i mod n (parallel workers, one file each); `skip_keys` are records
+    other files already hold (e.g. an earlier run's data kept as the base). Token counts are this file's.
     """
     import time
 
@@ -240,11 +244,12 @@ def regenerate(model, tokenizer, prompts: dict[str, list[str]], out_path: str | 
         coin = random.Random(f"{seed}/{s}/mode")
         for i, p in enumerate(prompts[s]):
             m = "sample" if coin.random() < sample_frac else "greedy"
-            if f"{s}/{i}" not in done:
+            if i % shard[1] == shard[0] and f"{s}/{i}" not in done and f"{s}/{i}" not in skip_keys:
                 queues.setdefault((s, m), []).append((i, p))
-    g = getattr(model.generation_config, "eos_token_id", None)  # chat models may stop on several tokens
-    eos = {tokenizer.eos_token_id} | set(g if isinstance(g, (list, tuple)) else [] if g is None else [g])
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    from .engines import HFContinuer
+
+    engine = engine if hasattr(engine, "continue_batch") else HFContinuer(engine, tokenizer)
+    eos = engine.eos_ids
     total = sum(have.values())
     bar = tqdm(total=target_tokens, initial=min(total, target_tokens), unit="tok", disable=not progress,
                desc="regenerate")
@@ -265,8 +270,8 @@ def regenerate(model, tokenizer, prompts: dict[str, list[str]], out_path: str | 
             if not batch:
                 continue
             temp = temperature if k[1] == "sample" else 0.0
-            conts = generate_batch(model, [b[1] for b in batch], max_new_tokens, eos, pad, temp,
-                                   seed=zlib.crc32(f"{seed}/{k[0]}/{batch[0][0]}".encode()))
+            conts = engine.continue_batch([b[1] for b in batch], max_new_tokens, temp,
+                                          [zlib.crc32(f"{seed}/{k[0]}/{i}".encode()) for i, _ in batch])
             for (i, ids), c in zip(batch, conts):
                 r = {"key": f"{k[0]}/{i}", "source": k[0], "mode": k[1], "temperature": temp,
                      "prompt_len": len(ids), "ids": ids + c, "eos": bool(c) and c[-1] in eos}

@@ -47,24 +47,35 @@ def teacher_forward(model, seqs: list[list[int]], tap_layers: list[int]) -> list
 
 
 def build_cache(model, records: list[dict], tap_layers: list[int], cache_dir, batch_tokens: int = 4096,
-                shard_size: int = 128, progress: bool = True) -> list[dict]:
-    """Compute (or resume) the feature cache for `records` (from data.read_records) and return it in record order."""
+                shard_size: int = 128, progress: bool = True, tag: str = "") -> list[dict]:
+    """Compute (or resume) the feature cache for `records` (from data.read_records) and return it in record order.
+
+    Only these records' features are loaded, so data-parallel ranks each hold their own shard; `tag` (e.g. the rank)
+    names the files a process writes, so ranks building their shards at the same time never collide.
+    `cache_dir=None` keeps the features in memory only (a GPU lease: no time spent writing tens of GB to disk).
+    """
     from tqdm import tqdm
 
-    cache_dir = Path(cache_dir)
-    cache_dir.mkdir(parents=True, exist_ok=True)
     sig = {"tap_layers": list(tap_layers), "target": target_signature(model.config)}
-    have = load_cache(cache_dir, sig)
+    have = {}
+    if cache_dir is not None:
+        cache_dir = Path(cache_dir)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        have = load_cache(cache_dir, sig, keys={r["key"] for r in records})
     todo = sorted((r for r in records if r["key"] not in have), key=lambda r: len(r["ids"]))
     bar = tqdm(total=sum(len(r["ids"]) for r in todo), unit="tok", desc="teacher features", disable=not progress)
-    shard, n_shards = [], len(list(cache_dir.glob("feat_*.pt")))
+    prefix = f"feat_{tag}_" if tag else "feat_"
+    shard, n_shards = [], 0 if cache_dir is None else \
+        len([p for p in cache_dir.glob(prefix + "*.pt") if p.stem[len(prefix):].isdigit()])
 
     def flush():
         nonlocal shard, n_shards
-        if shard:
-            tmp = cache_dir / f".feat_{n_shards:05d}.tmp"
+        if shard and cache_dir is None:
+            shard = []
+        elif shard:
+            tmp = cache_dir / f".{prefix}{n_shards:05d}.tmp"
             torch.save({"meta": sig, "items": shard}, tmp)
-            tmp.rename(cache_dir / f"feat_{n_shards:05d}.pt")
+            tmp.rename(cache_dir / f"{prefix}{n_shards:05d}.pt")
             n_shards, shard = n_shards + 1, []
 
     i = 0
@@ -88,13 +99,16 @@ def build_cache(model, records: list[dict], tap_layers: list[int], cache_dir, ba
     return [have[r["key"]] for r in records if r["key"] in have]
 
 
-def load_cache(cache_dir, sig: dict | None = None) -> dict[str, dict]:
-    """All cached items by key; refuses a cache made with other tap layers or another target."""
+def load_cache(cache_dir, sig: dict | None = None, keys: set[str] | None = None) -> dict[str, dict]:
+    """Cached items by key (only `keys`, if given: one file at a time is read, the rest dropped); refuses a cache
+    made with other tap layers or another target."""
     items = {}
     for p in sorted(Path(cache_dir).glob("feat_*.pt")):
         blob = torch.load(p, weights_only=False)
         if sig is not None and blob["meta"] != sig:
             raise ValueError(f"feature cache {p} was built for {blob['meta']}, not {sig}; use another --cache dir")
         for it in blob["items"]:
-            items[it["key"]] = it
+            if keys is None or it["key"] in keys:
+                items[it["key"]] = it
+        del blob
     return items

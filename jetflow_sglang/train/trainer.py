@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from ..head import MASK, JetFlowHead, JetFlowHeadConfig, init_from_target, save_head
+from . import dist
 from . import losses as L
 
 
@@ -41,6 +42,7 @@ class TrainConfig:
     minutes: float = 0.0  # >0: the cosine schedule runs on wall time and training stops there
     eval_every: int = 100
     ckpt_every: int = 100
+    ckpt_minutes: float = 0.0  # >0: also checkpoint after this much training time (a lease may end any moment)
     log_every: int = 10
     seed: int = 0
     device: str = "cpu"
@@ -54,8 +56,9 @@ def draft_vocab(items: list[dict], size: int, vocab_size: int) -> torch.Tensor:
     if size <= 0 or size >= vocab_size:
         return torch.arange(vocab_size)
     cnt = Counter()
-    for it in items:
-        cnt.update(it["ids"][it["prompt_len"]:].tolist())
+    for it in items:  # records (list ids) or cached items (tensor ids): every rank counts all records alike
+        cont = it["ids"][it["prompt_len"]:]
+        cnt.update(cont.tolist() if torch.is_tensor(cont) else cont)
     ids = [t for t, _ in cnt.most_common(size)]
     chosen = set(ids)
     fill = (t for t in range(vocab_size) if t not in chosen)
@@ -144,11 +147,15 @@ def head_loss(head: JetFlowHead, b: dict, lm_w: torch.Tensor, vocab_map: torch.T
     w = L.depth_weights(d.to(device), cfg.gamma)
     if cfg.loss == "sft":
         w = w * (labels >= 0)  # a label outside the draft vocab cannot be learned
-    loss = L.weighted_mean(per, w)
+    # normalised by the weight of ALL ranks' slots, times the world size: DDP's gradient average then equals the
+    # gradient of one process on the union of the ranks' batches (a plain per-rank mean would weight ranks equally)
+    total_w = dist.all_reduce(w.sum().detach().clone(), "sum").clamp(min=1e-8)
+    world = torch.distributed.get_world_size() if dist.active() else 1
+    loss = (per * w).sum() / total_w * world
     with torch.no_grad():
         agree = (s_logits.argmax(-1) == t_logp.argmax(-1)).float()
         kl = L.forward_kl(s_logits, t_logp)
-        m = {"loss": loss.item(), "kl": kl.mean().item(), "n": int(len(d))}
+        m = {"loss": L.weighted_mean(per, w).item(), "kl": kl.mean().item(), "n": int(len(d))}
         for depth in (1, 2, 4, 8, 15):
             sel = d.to(device) == depth
             if sel.any():
@@ -203,14 +210,40 @@ def lr_at(cfg: TrainConfig, step: int, progress: float) -> float:
     return cfg.lr * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
 
+class _LossStep(torch.nn.Module):
+    """A head plus its loss as one module, so DistributedDataParallel sees one forward per step and averages the
+    gradients of every head parameter in backward."""
+
+    def __init__(self, head: JetFlowHead):
+        super().__init__()
+        self.head = head
+
+    def forward(self, b: dict, lm_w, vocab_map, cfg: TrainConfig, branch: bool, device):
+        return head_loss(self.head, b, lm_w, vocab_map, cfg, branch, device)
+
+
+def step_rng(cfg: TrainConfig, step: int, rank: int) -> random.Random:
+    """The batch of `rank` at `step` depends on nothing else, so a resumed run (any world size) needs no rng state."""
+    return random.Random(f"{cfg.seed}/{step}/{rank}")
+
+
 def train(heads: dict[str, JetFlowHead], target_model, items: list[dict], eval_items: list[dict], cfg: TrainConfig,
-          out_dir, progress: bool = True) -> dict[str, list[dict]]:
+          out_dir, progress: bool = True, info: dist.DistInfo | None = None, on_step=None,
+          sampler=None, on_ckpt=None) -> dict[str, list[dict]]:
     """Train all `heads` on identical batches, alternating per step; resumes from out_dir/ckpt.pt.
 
-    Returns the evaluation history per head. Logs every `log_every` steps to out_dir/log.jsonl.
+    Data-parallel when a process group is up (`info.world` > 1): `items` is this rank's shard, each rank draws
+    `cfg.seqs` sequences per step from it, DDP averages the gradients, and only rank 0 evaluates (on `eval_items`),
+    logs and writes checkpoints. Checkpoints are written every `ckpt_every` steps and every `ckpt_minutes` of
+    training. `on_step(step, heads)` runs after every optimiser step (tests use it); `sampler(step) -> batch`
+    replaces the default draw of `cfg.seqs` sequences from `items` with step_rng(cfg, step, rank);
+    `on_ckpt(step, heads)` runs on rank 0 after every checkpoint (e.g. to export the heads as they are).
+    Returns the evaluation history per head (rank 0's; the other ranks return the resumed history).
     """
     from tqdm import tqdm
 
+    info = info or dist.DistInfo()
+    main = info.main
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     dev = torch.device(cfg.device)
@@ -220,12 +253,13 @@ def train(heads: dict[str, JetFlowHead], target_model, items: list[dict], eval_i
         if not torch.equal(h.vocab_ids, vocab_ids):
             raise ValueError("heads trained together must share one draft vocabulary")
         h.to(dev).train()
+    if not items:
+        raise ValueError(f"rank {info.rank} has no training sequences (fewer sequences than ranks?)")
     lm_w = target_model.get_output_embeddings().weight.detach()[vocab_ids.to(dev)].contiguous()
     vocab_map = torch.full((target_model.config.vocab_size,), -1, dtype=torch.long)
     vocab_map[vocab_ids] = torch.arange(len(vocab_ids))
     opts = {n: torch.optim.AdamW([p for p in h.parameters() if p.requires_grad], lr=cfg.lr, betas=cfg.betas,
                                  weight_decay=cfg.weight_decay) for n, h in heads.items()}
-    rng = random.Random(cfg.seed)
     step, elapsed, history = 0, 0.0, {n: [] for n in heads}
     ck = out / "ckpt.pt"
     if ck.exists():
@@ -234,47 +268,74 @@ def train(heads: dict[str, JetFlowHead], target_model, items: list[dict], eval_i
             h.load_state_dict(st["heads"][n])
             opts[n].load_state_dict(st["opts"][n])
         step, elapsed, history = st["step"], st["elapsed"], st["history"]
-        rng.setstate(st["rng"])
-        print(f"[train] resumed from {ck} at step {step} ({elapsed / 60:.1f} min)", flush=True)
+        if main:
+            print(f"[train] resumed from {ck} at step {step} ({elapsed / 60:.1f} min), world size {info.world} "
+                  f"(was {st.get('world', 1)})", flush=True)
+    steppers = {n: _LossStep(h) for n, h in heads.items()}
+    if dist.active():
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [dev.index] if dev.type == "cuda" else None
+        steppers = {n: DDP(m, device_ids=ids, broadcast_buffers=False) for n, m in steppers.items()}
+    last_save = elapsed
 
     def save_ckpt():
+        nonlocal last_save
+        last_save = elapsed
+        if not main:
+            return
         tmp = out / "ckpt.pt.tmp"
-        torch.save({"step": step, "elapsed": elapsed, "history": history, "rng": rng.getstate(),
+        torch.save({"step": step, "elapsed": elapsed, "history": history, "world": info.world,
                     "heads": {n: h.state_dict() for n, h in heads.items()},
                     "opts": {n: o.state_dict() for n, o in opts.items()}, "cfg": asdict(cfg)}, tmp)
         tmp.replace(ck)
+        if on_ckpt is not None:
+            on_ckpt(step, heads)
 
     def prog():
         return elapsed / (cfg.minutes * 60) if cfg.minutes > 0 else step / max(cfg.steps, 1)
 
+    def run_eval():
+        if main and eval_items:
+            for n, h in heads.items():
+                e = {"step": step, "min": round(elapsed / 60, 2), **evaluate(h, eval_items, lm_w, vocab_map, cfg, dev)}
+                history[n].append(e)
+                log.write(json.dumps({"head": n, **e}) + "\n")
+            log.flush()
+        dist.barrier()  # the other ranks wait here, so rank 0's evaluation never counts as their training time
+
     # a time budget has no step count: the bar then shows minutes of training done
     bar = tqdm(total=cfg.minutes if cfg.minutes > 0 else cfg.steps, initial=elapsed / 60 if cfg.minutes > 0 else step,
-               desc="train", unit="min" if cfg.minutes > 0 else "step", disable=not progress,
+               desc="train", unit="min" if cfg.minutes > 0 else "step", disable=not (progress and main),
                bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} {unit} [{elapsed}<{remaining}{postfix}]"
                if cfg.minutes > 0 else None)
-    log = open(out / "log.jsonl", "a")
+    log = open(out / "log.jsonl", "a") if main else None
     acc: dict[str, list[dict]] = {n: [] for n in heads}
+    block_size = next(iter(heads.values())).config.block_size
     while step < cfg.steps and prog() < 1.0:
         t0 = time.time()
-        b = sample_batch(items, rng, cfg.seqs, cfg.blocks, next(iter(heads.values())).config.block_size,
-                         cfg.branch_prob)
+        b = sampler(step) if sampler else sample_batch(items, step_rng(cfg, step, info.rank), cfg.seqs, cfg.blocks,
+                                                         block_size, cfg.branch_prob)
         lr = lr_at(cfg, step, prog())
         for n, h in heads.items():
             for g in opts[n].param_groups:
                 g["lr"] = lr
-            loss, m = head_loss(h, b, lm_w, vocab_map, cfg, branch=h.config.causal and cfg.branch_prob > 0, device=dev)
+            loss, m = steppers[n](b, lm_w, vocab_map, cfg, h.config.causal and cfg.branch_prob > 0, dev)
             opts[n].zero_grad(set_to_none=True)
             loss.backward()
             m["gnorm"] = float(torch.nn.utils.clip_grad_norm_(h.parameters(), cfg.clip))
             opts[n].step()
             acc[n].append(m)
         step += 1
-        dt = time.time() - t0
+        # every rank uses the slowest rank's clock, so all stop (and change lr) at the same step
+        dt = float(dist.all_reduce(torch.tensor([time.time() - t0], dtype=torch.float64), "max")[0])
         elapsed += dt
+        if on_step is not None:
+            on_step(step, heads)
         bar.update(dt / 60 if cfg.minutes > 0 else 1)
-        if step % cfg.log_every == 0:
+        if main and step % cfg.log_every == 0:
             for n in heads:
-                rec = {"step": step, "head": n, "lr": lr, "min": round(elapsed / 60, 2)}
+                rec = {"step": step, "head": n, "lr": lr, "min": round(elapsed / 60, 2), "world": info.world}
                 for key in acc[n][0]:
                     vals = [m[key] for m in acc[n] if key in m]
                     rec[key] = round(sum(vals) / len(vals), 4)
@@ -283,22 +344,20 @@ def train(heads: dict[str, JetFlowHead], target_model, items: list[dict], eval_i
             log.flush()
             bar.set_postfix({"step": step, "kl": rec["kl"]} |
                             {f"tau_w8 {n}": f"{history[n][-1]['tau_w8']:.2f}" for n in heads if history[n]})
-        if eval_items and (step % cfg.eval_every == 0):
-            for n, h in heads.items():
-                e = {"step": step, "min": round(elapsed / 60, 2), **evaluate(h, eval_items, lm_w, vocab_map, cfg, dev)}
-                history[n].append(e)
-                log.write(json.dumps({"head": n, **e}) + "\n")
-            log.flush()
-        if step % cfg.ckpt_every == 0:
+        if step % cfg.eval_every == 0:
+            run_eval()
+        if step % cfg.ckpt_every == 0 or (cfg.ckpt_minutes > 0 and elapsed - last_save >= cfg.ckpt_minutes * 60):
             save_ckpt()
+            dist.barrier()
     bar.close()
-    if eval_items and (not history[next(iter(heads))] or history[next(iter(heads))][-1]["step"] != step):
-        for n, h in heads.items():
-            e = {"step": step, "min": round(elapsed / 60, 2), **evaluate(h, eval_items, lm_w, vocab_map, cfg, dev)}
-            history[n].append(e)
-            log.write(json.dumps({"head": n, **e}) + "\n")
+    done = history[next(iter(heads))]
+    need = float(main and bool(eval_items) and (not done or done[-1]["step"] != step))
+    if dist.all_reduce(torch.tensor([need]), "max")[0] > 0:  # rank 0 decides; every rank joins the barrier
+        run_eval()
     save_ckpt()
-    log.close()
+    if log:
+        log.close()
+    dist.barrier()
     return history
 
 
