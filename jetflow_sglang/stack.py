@@ -77,13 +77,15 @@ def load_stack(target_dir=None, head_dir=None, dtype="bfloat16", drafter="jetflo
     if drafter not in NO_HEAD:
         wanted, cfg, drafter = pick_head(head_dir, drafter, tcfg)
         cfg.check_target(tcfg)  # a head for another target fails here, before any weights are read
+        if depth is not None and depth > cfg.block_size - 1:
+            raise ValueError(f"depth must be an integer in [1, {cfg.block_size - 1}] (the head's block of "
+                             f"{cfg.block_size} slots drafts up to {cfg.block_size - 1} levels); got {depth}")
     head = load_head(wanted) if cfg is not None else None  # its weights are checked before the target is loaded
     target = Target.from_pretrained(target_dir, dtype=dtype, device=device)
     if head is not None:
         head = attach_head(head, target)
         target.tap_layers = list(head.config.tap_layers)
-    # only non-default tree options are passed, so the call reads the same with or without them
-    kw = {k: v for k, v in (("tree", tree), ("depth", depth)) if v not in ("exact", None)}
+    kw = {"tree": tree, "depth": depth}
     if drafter in NO_HEAD:
         return target, make_drafter(drafter, width=width, **kw)
     if drafter in BIDIRECTIONAL_DRAFTERS:

@@ -220,3 +220,18 @@ def test_compare_ar_names_the_first_difference(stack, capsys, monkeypatch):
     assert res["lossless"] is False and res["divergence"]["position"] == 2
     assert res["divergence"]["a_token"] == res["tokens"][2] != res["divergence"]["b_token"]
     assert "first difference at new token 2" in err and "target top-2 logit margin there" in err
+
+
+def test_tree_and_depth_options(stack, capsys, monkeypatch):
+    target, head, _ = stack
+    code, out, err = run_cli(capsys, "The quick brown fox", "--target", target, "--head", head, "--budget", "8",
+                             "--tree", "paper", "--depth", "3", "--max-new-tokens", "12", "--compare-ar", "--json",
+                             "--threads", "1", "--dtype", "float32")
+    assert code == 0, err
+    res = json.loads(out)
+    assert (res["tree"], res["depth"], res["lossless"]) == ("paper", 3, True)
+    # deeper than the head's block (8 slots: 7 draft depths): one line, before the model loads
+    from jetflow_sglang.target import Target
+    monkeypatch.setattr(Target, "from_pretrained", lambda *a, **k: pytest.fail("loaded before checking --depth"))
+    code, _, err = run_cli(capsys, "hi", "--target", target, "--head", head, "--depth", "9")
+    assert code == 2 and "depth must be an integer in [1, 7]" in one_line(err)
