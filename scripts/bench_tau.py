@@ -1,13 +1,17 @@
-"""tau and speedup vs budget for every drafter on GSM8K, MATH-500, HumanEval and MT-Bench (greedy).
+"""tau and speedup vs budget for every drafter and both tree builders on GSM8K, MATH-500, HumanEval and MT-Bench.
 
     python scripts/bench_tau.py                       # the issue's full setting: 40 prompts x 4 sets, 256 new tokens
     python scripts/bench_tau.py --limit 10 --max-new-tokens 128   # what fits in ~30 CPU minutes
 
-tau comes from the exact offline walk (jetflow_sglang.offline): the target's greedy continuation decides every round,
-so no verify forward is needed per drafter and budget. Speedup over autoregressive uses costs measured in this run on
+tau comes from the exact offline walk (jetflow_sglang.offline): the target's greedy continuation (unbatched greedy
+decoding, one prompt at a time, so no left-padding changes it) decides every round, so no verify forward is needed per
+drafter and budget. Tree drafters (jetflow, ddtree) run with both builders: the exact top-B builder (the default) and
+the paper's eager form (rows named "<drafter> (paper tree)"), so the head's gain and the builder's gain are separate.
+The oracle (the target's own top-k along its path) always uses the exact builder: it is the ceiling. Speedup over autoregressive uses costs measured in this run on
 this machine: t_AR per token, t_verify(N) for the tree sizes, and each drafter's own draft time:
     speedup = tau * t_AR / (t_draft + t_verify(mean nodes))
-`--e2e K` also times real end-to-end generation (engine vs autoregressive) on K GSM8K prompts, side by side.
+`--e2e K` also times real end-to-end generation (engine vs autoregressive) on K GSM8K prompts, side by side; the
+fair end-to-end comparison against Hugging Face `generate` and prompt lookup is scripts/bench_e2e.py.
 Writes bench/results/tau.{json,md,png}.
 """
 from __future__ import annotations
@@ -27,14 +31,22 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jetflow_sglang.cli import bidir_dir  # noqa: E402
+from jetflow_sglang.budget import _cpu_model  # noqa: E402
 from jetflow_sglang.drafters import make_drafter  # noqa: E402
 from jetflow_sglang.engine import autoregressive, run  # noqa: E402
 from jetflow_sglang.head import load_head  # noqa: E402
 from jetflow_sglang.offline import OracleDrafter, walk  # noqa: E402
-from jetflow_sglang.paths import DEFAULT_HEAD_DIR, default_paths  # noqa: E402
+from jetflow_sglang.paths import DEFAULT_HEAD_DIR  # noqa: E402
 from jetflow_sglang.target import Target  # noqa: E402
 from jetflow_sglang.tree import DraftTree  # noqa: E402
+
+try:
+    from jetflow_sglang.stack import load_stack, pick_head  # noqa: E402
+except ImportError:  # before stack.py lands
+    from jetflow_sglang.cli import load_stack  # noqa: E402
+    pick_head = None
+
+TREE_DRAFTERS = ("jetflow", "ddtree")  # drafters whose tree builder is a choice (branch: exact; dflash: a chain)
 
 REASON = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 FORMATS = {
@@ -50,15 +62,59 @@ def load_prompts(name: str, limit: int) -> list[str]:
     return [FORMATS[name](r["prompt"]) for r in rows[:limit]]
 
 
-def references(target: Target, prompts: list[list[int]], max_new: int, batch: int) -> list[list[int]]:
-    """The target's greedy continuations (batched, left-padded)."""
-    from jetflow_sglang.train.data import generate_batch
+def references(target: Target, prompts: list[list[int]], max_new: int) -> list[list[int]]:
+    """The target's greedy continuations: unbatched greedy decoding, exactly what plain decoding emits."""
+    eos = target.eos_ids()
+    return [autoregressive(target, p, max_new_tokens=max_new, eos_ids=eos).tokens
+            for p in tqdm(prompts, desc="references", leave=False)]
 
-    eos, pad = target.eos_ids(), target.tokenizer.pad_token_id or 0
-    out = []
-    for i in tqdm(range(0, len(prompts), batch), desc="references", leave=False):
-        out += generate_batch(target.model, prompts[i:i + batch], max_new, eos, pad)
-    return out
+
+def build_drafter(name: str, head, bidir, width: int, tree: str = "exact"):
+    """make_drafter with a tree builder ("exact" | "paper")."""
+    import inspect
+
+    if "tree" in inspect.signature(make_drafter).parameters:
+        return make_drafter(name, head, bidir, width=width, tree=tree)
+    d = make_drafter(name, head, bidir, width=width)  # make_drafter before `tree=`: the builder was the `eager` flag
+    if hasattr(d, "eager"):
+        d.eager = tree == "paper"
+    return d
+
+
+def oracle(logits, width: int):
+    """The oracle drafter on the exact builder."""
+    import inspect
+
+    params = inspect.signature(OracleDrafter).parameters
+    return OracleDrafter(logits, width=width, **({"tree": "exact"} if "tree" in params else {"eager": False}))
+
+
+def drafter_specs(names: list[str]) -> list[tuple[str, str, str]]:
+    """(row label, drafter name, builder) for every drafter, both builders for tree drafters."""
+    specs = []
+    for n in names:
+        specs.append((n, n, "exact"))
+        if n in TREE_DRAFTERS:
+            specs.append((f"{n} (paper tree)", n, "paper"))
+    return specs
+
+
+def load_heads(a) -> tuple[Target, object, object]:
+    """(target, causal head, bidirectional head or None) through the one assembly point."""
+    target, jf = load_stack(a.target, a.head, dtype=a.dtype, drafter="jetflow", width=a.width, device=a.device)
+    head, bidir = jf.head, None
+    if pick_head is not None:
+        bdir, bcfg, _ = pick_head(a.head, "ddtree", target.config)
+        bidir = load_head(bdir, target) if not bcfg.causal else None
+    return target, head, bidir
+
+
+def machine(target: Target) -> str:
+    import os
+
+    return (f"{_cpu_model()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, {platform.machine()}, "
+            f"python {platform.python_version()}, torch {torch.__version__}"
+            + (f", {torch.cuda.get_device_name()}" if target.device.type == "cuda" else ""))
 
 
 def sync(target: Target) -> None:
@@ -105,7 +161,7 @@ def main() -> int:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
-    ap.add_argument("--batch", type=int, default=20)
+    ap.add_argument("--batch", type=int, default=20, help="unused: references are unbatched greedy decoding now")
     ap.add_argument("--e2e", type=int, default=2, help="GSM8K prompts timed end to end (0: skip)")
     ap.add_argument("--e2e-budgets", default="16,32", help="budgets timed end to end")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
@@ -118,27 +174,25 @@ def main() -> int:
     budgets = [int(b) for b in a.budgets.split(",")]
     names = a.drafters.split(",")
 
-    target = Target.from_pretrained(a.target or default_paths()[0], dtype=a.dtype, device=a.device)
-    head = load_head(a.head, target)
-    bidir = load_head(bidir_dir(a.head), target) if bidir_dir(a.head).exists() else None
-    target.tap_layers = list(head.config.tap_layers)
-    drafters = {n: make_drafter(n, head, bidir, width=a.width) for n in names if n != "oracle"}
+    target, head, bidir = load_heads(a)
+    specs = drafter_specs(names)
+    drafters = {label: build_drafter(n, head, bidir, a.width, tree) for label, n, tree in specs if n != "oracle"}
 
     rows, per_prompt, warm = [], [], set()
     for ds in a.datasets.split(","):
         prompts = [target.encode_chat(p) for p in load_prompts(ds, a.limit)]
-        refs = references(target, prompts, a.max_new_tokens, a.batch)
+        refs = references(target, prompts, a.max_new_tokens)
         cells: dict[tuple[str, int], list] = {}
         for prompt, ref in tqdm(list(zip(prompts, refs)), desc=ds):
             if len(ref) < 2:
                 continue
             logits, taps = target.prefill(prompt + ref)
-            for name in names:
-                d = OracleDrafter(logits, width=a.width) if name == "oracle" else drafters[name]
+            for name, base, _ in specs:
+                d = oracle(logits, a.width) if base == "oracle" else drafters[name]
                 if name not in warm:  # one untimed walk first: one-time costs (GPU kernel selection) stay out
                     walk(d, prompt, ref[:8], taps, max(budgets))
                     warm.add(name)
-                for b in budgets if name != "dflash" else [b for b in budgets if b <= 16] or budgets[:1]:
+                for b in budgets if base != "dflash" else [b for b in budgets if b <= 16] or budgets[:1]:
                     w = walk(d, prompt, ref, taps, b)
                     cells.setdefault((name, b), []).append(w)
         for (name, b), ws in cells.items():
@@ -150,7 +204,7 @@ def main() -> int:
 
     sizes = sorted({1, 16, 32, 64, 128, 256} | set(budgets))
     calib = target.encode_chat(load_prompts("gsm8k", 1)[0])
-    calib = calib + references(target, [calib], 200, 1)[0]
+    calib = calib + references(target, [calib], 200)[0]
     costs = time_costs(target, calib, sizes)
     for r in rows:
         draft = 0.0 if r["drafter"] == "oracle" else r["draft_ms"]
@@ -163,21 +217,20 @@ def main() -> int:
         for prompt in tqdm([target.encode_chat(p) for p in load_prompts("gsm8k", a.e2e)], desc="end to end"):
             autoregressive(target, prompt, max_new_tokens=4)  # warm-up
             ar = autoregressive(target, prompt, max_new_tokens=a.max_new_tokens, eos_ids=eos)
+            spec = drafters.get("jetflow") or make_drafter("ngram")
             for b in [int(x) for x in a.e2e_budgets.split(",")]:
-                run(target, drafters.get("jetflow") or make_drafter("ngram"), prompt, max_new_tokens=8, budget=b)  # warm-up (GPU: kernel compiles)
-                res = run(target, drafters.get("jetflow") or make_drafter("ngram"), prompt, max_new_tokens=a.max_new_tokens,
-                          budget=b, eos_ids=eos)
+                run(target, spec, prompt, max_new_tokens=8, budget=b)  # warm-up (GPU: kernel compiles)
+                res = run(target, spec, prompt, max_new_tokens=a.max_new_tokens, budget=b, eos_ids=eos)
                 e2e.append({"budget": b, "tau": res.tau, "tokens": len(res.tokens), "ar_tok_s": ar.tokens_per_s,
                             "spec_tok_s": res.tokens_per_s, "speedup": res.tokens_per_s / ar.tokens_per_s,
                             "identical_to_ar": res.tokens == ar.tokens})
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"command": "python " + " ".join(shlex.quote(x) for x in sys.argv), "machine": f"{platform.machine()}, "
-            f"{torch.get_num_threads()} torch threads, {platform.processor() or 'cpu'}, torch {torch.__version__}"
-            + (f", {torch.cuda.get_device_name()}" if target.device.type == "cuda" else ""),
+    meta = {"command": "python " + " ".join(shlex.quote(x) for x in sys.argv), "machine": machine(target),
+            "references": "unbatched greedy decoding (engine.autoregressive)", "oracle_builder": "exact",
             "date": time.strftime("%Y-%m-%d %H:%M"), "target": str(target.config.architectures), "dtype": a.dtype,
-            "head": a.head, "head_provenance": head.config.extra, "cost_ms": costs, "width": a.width}
+            "head": a.head or "default", "head_provenance": head.config.extra, "cost_ms": costs, "width": a.width}
     (out / "tau.json").write_text(json.dumps({"meta": meta, "rows": rows, "per_prompt": per_prompt, "e2e": e2e}, indent=1))
     (out / "tau.md").write_text(markdown(meta, rows, e2e, budgets))
     plot(rows, out / "tau.png")
@@ -241,7 +294,7 @@ def plot(rows, path: Path) -> None:
             pts = sorted((r["budget"], r["tau"], r["speedup"]) for r in rows if r["dataset"] == ds and r["drafter"] == name)
             if pts:
                 b, t, s = zip(*pts)
-                style = "--" if name == "oracle" else "-"
+                style = "--" if name == "oracle" else ":" if "paper" in name else "-"
                 axes[0][j].plot(b, t, style, marker="o", label=name)
                 axes[1][j].plot(b, s, style, marker="o", label=name)
         axes[0][j].set_title(ds)
