@@ -4,19 +4,78 @@ process it starts (launcher, engine, scheduler, detokenizer), before it resolves
     python -m sglang.launch_server --model-path M --speculative-algorithm JETFLOW \
         --speculative-draft-model-path HEAD_DIR --device cpu ...
 
-It registers the JETFLOW algorithm (worker: jetflow_sglang.sglang.worker.JetFlowWorker) and the CPU tree-verify
-attention backend `jetflow_tree_native`. Nothing in SGLang's own files is patched.
+It registers, without patching any SGLang file:
+  - the JETFLOW algorithm (worker: jetflow_sglang.sglang.worker.JetFlowWorker);
+  - the tree-verify attention backend `jetflow_tree_native` (SDPA; CPU default);
+  - two resolution-step wrappers: the config check (before `handle_speculative_decoding`, so a bad JETFLOW
+    setting or a missing head folder fails with one line before SGLang looks the head up on the hub) and the
+    attention-backend guard (backend_guard.py);
+  - the request guard (request_guard.py): empty prompts and out-of-vocabulary token ids get a 400.
 """
 from __future__ import annotations
 
 import logging
-import os
+import sys
+from pathlib import Path
 
 from . import cpu_ops
 
 logger = logging.getLogger(__name__)
 ALGORITHM = "JETFLOW"
-DEFAULT_BUDGET = 8  # draft-tree nodes per request and round (root included) when --speculative-num-draft-tokens is unset
+CONFIG_HOOK = "handle_speculative_decoding"
+
+
+def is_jetflow(name) -> bool:
+    return isinstance(name, str) and name.upper() == ALGORITHM
+
+
+def _in_cli() -> bool:
+    """True in `python -m sglang.launch_server` / `sglang serve`, where a bad setting should print one line and exit
+    instead of a traceback; inside a Python program (sgl.Engine) the error is raised as an exception instead."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name in ("sglang.launch_server", "sglang.cli", "sglang"):
+        return True
+    return Path(sys.argv[0] if sys.argv else "").name in ("sglang", "launch_server.py")
+
+
+def fail(err: Exception):
+    """Report a JETFLOW launch error: one line on stderr and exit code 2 in the CLI, the exception otherwise."""
+    if _in_cli():
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(2)
+    raise err
+
+
+def resolve_config(server_args, env=None):
+    """The JetFlowServerConfig of a JETFLOW launch, with the head folder checked; errors go through `fail`."""
+    from ..config import JetFlowConfigError, JetFlowServerConfig
+
+    try:
+        cfg = JetFlowServerConfig.from_server_args(server_args, env=env)
+        if cfg.head_dir is not None and not (Path(cfg.head_dir) / "config.json").is_file():
+            raise JetFlowConfigError(f"--speculative-draft-model-path {cfg.head_dir}: no draft head there "
+                                     "(expected a folder with config.json and model.safetensors)")
+    except JetFlowConfigError as e:
+        fail(e)
+    return cfg
+
+
+def _config_hook(server_args, previous) -> None:
+    from sglang.srt.arg_groups.overrides import resolving_view
+
+    if is_jetflow(resolving_view(server_args).speculative_algorithm):
+        resolve_config(server_args)
+    previous(server_args)
+
+
+def _backend_guard_hook(server_args, previous) -> None:
+    from .backend_guard import BackendGuardError, guard_hook
+
+    try:
+        guard_hook(server_args, previous)
+    except BackendGuardError as e:
+        fail(e)
 
 
 def _spec_class():
@@ -24,26 +83,20 @@ def _spec_class():
 
     class JetFlowSpec(CustomSpecAlgo):
         def handle_server_args(self, sa) -> None:
-            # The worker is synchronous (V2 schema, overlap off); SGLang only turns overlap off for its built-ins.
+            """`sa` records our writes as SGLang declarations (the operator's input stays on the record)."""
+            cfg = resolve_config(sa)
+            # The worker is synchronous (V2 schema, overlap off); SGLang only does this itself for its built-ins.
             sa.disable_overlap_schedule = True
             # The head needs the target's hidden states for every committed token; a radix-cache hit would skip
-            # the prefill rows that produce them.
+            # the prefill rows that produce them (until the worker recomputes them itself).
             sa.disable_radix_cache = True
             # No dummy verify input exists for plugin algorithms, so no CUDA-graph capture of TARGET_VERIFY.
             sa.disable_cuda_graph = True
-            if sa.speculative_num_draft_tokens is None:
-                sa.speculative_num_draft_tokens = int(os.environ.get("JETFLOW_BUDGET", DEFAULT_BUDGET))
-            # SGLang's own knobs map onto the tree shape (the worker reads the env in the scheduler process);
-            # SGLang itself keeps steps=topk=1 so that it reserves only `num_draft_tokens` KV slots per round.
-            if sa.speculative_eagle_topk not in (None, 1):
-                os.environ["JETFLOW_WIDTH"] = str(sa.speculative_eagle_topk)
-            if sa.speculative_num_steps not in (None, 1):
-                os.environ["JETFLOW_DEPTH"] = str(sa.speculative_num_steps)
+            # SGLang reserves max(steps * topk, num_draft_tokens) KV slots per request and round and sizes its
+            # verify buffers from them: declare the budget, and topk = steps = 1 (the tree's width and depth are
+            # the worker's business; it reads them from the operator's raw flags through JetFlowServerConfig).
+            sa.speculative_num_draft_tokens = cfg.budget
             sa.speculative_eagle_topk, sa.speculative_num_steps = 1, 1
-            if sa.device == "cpu" and sa.attention_backend in (None, "torch_native"):
-                from .attention_backend import NAME
-
-                sa.attention_backend = NAME
 
         # SGLang 0.5.23's CustomSpecAlgo lacks these four; its scheduler calls them unconditionally.
         def carries_draft_hidden_states(self) -> bool:
@@ -92,6 +145,16 @@ def _register_head_config() -> None:
         pass
 
 
+def _register_resolution_hooks() -> None:
+    from sglang.srt.arg_groups import resolution_hooks
+
+    from .backend_guard import HOOK as BACKEND_HOOK
+
+    for name, fn in ((CONFIG_HOOK, _config_hook), (BACKEND_HOOK, _backend_guard_hook)):
+        if fn not in resolution_hooks._HOOKS.get(name, []):
+            resolution_hooks.register_resolution_hook(name)(fn)
+
+
 def register() -> None:
     if cpu_ops.enabled():
         cpu_ops.install()
@@ -105,6 +168,7 @@ def register() -> None:
     from sglang.srt.speculative.spec_registry import get_spec
 
     from .attention_backend import NAME
+    from .request_guard import install as install_request_guard
 
     if NAME not in ATTENTION_BACKENDS:
         register_attention_backend(NAME)(_create_backend)
@@ -112,3 +176,5 @@ def register() -> None:
         add_attention_backend_choices([NAME])
     if get_spec(ALGORITHM) is None:  # register() runs once per process, but Engine + launcher may share one
         SpeculativeAlgorithm.register(ALGORITHM, supports_overlap=False, spec_class=_spec_class())(_worker_factory)
+    _register_resolution_hooks()
+    install_request_guard()

@@ -108,10 +108,38 @@ class TargetView:
         return self._model.parameters()
 
 
+def _set_dflash_layers_to_capture(self, layer_ids):
+    """SGLang's Qwen3/Llama method, for model classes that have the capture machinery but not the method (Qwen2 in
+    0.5.23): capture "before layer l+1", i.e. the output of decoder layer l (HF hidden_states[l+1])."""
+    if not self.pp_group.is_last_rank:
+        return
+    if layer_ids is None:
+        raise ValueError("JETFLOW needs explicit tap layer ids for hidden-state capture")
+    self.capture_aux_hidden_states = True
+    self.model.layers_to_capture = [int(v) + 1 for v in layer_ids]
+
+
+def ensure_tap_capture(model) -> bool:
+    """Give the model's class `set_dflash_layers_to_capture` when its forward already captures aux hidden states
+    (`model.layers_to_capture` + `capture_aux_hidden_states`, as SGLang's Qwen2ForCausalLM) but the method is missing.
+    Patches the class in memory only. Returns whether the model can capture tap layers."""
+    if hasattr(model, "set_dflash_layers_to_capture"):
+        return True
+    inner = getattr(model, "model", None)
+    if not (hasattr(model, "capture_aux_hidden_states") and hasattr(inner, "layers_to_capture")
+            and hasattr(model, "pp_group")):
+        return False
+    type(model).set_dflash_layers_to_capture = _set_dflash_layers_to_capture
+    logger.info("JETFLOW: added set_dflash_layers_to_capture to %s", type(model).__name__)
+    return True
+
+
 def load_head_for_runner(model_runner, head_dir):
     """Load the draft head in `head_dir` for SGLang's target (`model_runner.model`), on the runner's device and in
-    the target's dtype, bound to the target's embedding and LM head through a TargetView."""
+    the target's dtype, bound to the target's embedding and LM head through a TargetView. Also makes sure the
+    target can capture the head's tap layers (ensure_tap_capture)."""
     from ..head import load_head
 
+    ensure_tap_capture(model_runner.model)
     view = TargetView(model_runner.model, model_runner.model_config.hf_config)
     return load_head(head_dir, view, device=model_runner.device)

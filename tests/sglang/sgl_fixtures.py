@@ -59,6 +59,31 @@ def build_tiny_qwen3(out, seed: int = 0) -> Path:
     return out
 
 
+def build_tiny_qwen2(out, seed: int = 0) -> Path:
+    """A 4-layer random Qwen2 (Qwen2.5 shares the architecture; q/k/v biases, no q/k norm), same tokenizer."""
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    out = Path(out)
+    if (out / "config.json").exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(out)
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      tie_word_embeddings=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                      bos_token_id=None, torch_dtype="float32")
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(cfg)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(4.0)
+        for layer in model.model.layers:  # non-zero biases, so a missing bias would change the output
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.05)
+    model.save_pretrained(out)
+    GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id).save_pretrained(out)
+    return out
+
+
 def build_tiny_head(target_dir, out, seed: int = 1) -> Path:
     """A 1-layer causal JetFlow head tapping layers 1 and 2 of the tiny target, initialised from the target."""
     from transformers import AutoModelForCausalLM

@@ -1,0 +1,180 @@
+"""One place that keeps single requests from hurting the server (installed by the plugin in every SGLang process).
+
+1. Token ids. SGLang 0.5.23 validates prompt length and sampling parameters in its tokenizer manager, but an empty
+   prompt (`{"text": ""}`) and token ids outside the vocabulary (`{"input_ids": [1, 2, 60000]}`) reach the scheduler,
+   where the rotary embedding / embedding lookup raises and the scheduler process exits (with or without JETFLOW).
+   `TokenizerManager._validate_one_request`, which every generate path (text, token ids, batches, OpenAI completions
+   and chat) calls with the final token ids, is wrapped to raise ValueError there; SGLang answers it with HTTP 400.
+2. Request bodies. A JSON body that is not an object (`[1, 2]`, `"hi"`, `null`) posted to an OpenAI route makes a
+   pydantic before-validator call `.get` on it: HTTP 500 with a traceback in the log. An ASGI middleware on SGLang's
+   FastAPI app answers such bodies with 400 before any route runs. The same middleware answers 400 (instead of
+   500) when a route's body validation itself crashes on a wrongly typed nested value (e.g. `"response_format":
+   "abc"`: the same `.get` on a str); exceptions raised anywhere else still propagate. It is added when `sglang.srt.entrypoints.
+   http_server` is first imported (a post-import hook), so processes that never serve HTTP do not pay its import.
+"""
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import json
+import logging
+import sys
+
+logger = logging.getLogger(__name__)
+TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
+HTTP_MODULE = "sglang.srt.entrypoints.http_server"
+OBJECT_ROUTES = "/v1/"  # every OpenAI-compatible route takes a JSON object
+
+
+def check_input_ids(input_ids, vocab_size: int | None) -> None:
+    """Raise ValueError (one line) for an empty prompt or a token id outside [0, vocab_size)."""
+    if input_ids is None:
+        return  # input_embeds requests: nothing to check here
+    if len(input_ids) == 0:
+        raise ValueError("The prompt is empty: send at least one token (text that tokenizes to nothing, or an "
+                         "empty input_ids list, cannot be generated from)")
+    if vocab_size is None:
+        return
+    for i, t in enumerate(input_ids):
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0 or t >= vocab_size:
+            raise ValueError(f"input_ids[{i}] = {t!r} is not a token id of this model (valid: 0 to {vocab_size - 1})")
+
+
+def _vocab_size(manager) -> int | None:
+    cfg = getattr(manager, "model_config", None)
+    v = getattr(cfg, "vocab_size", None)
+    return int(v) if v else None
+
+
+def _around_validate(original, self, obj, input_ids, *args, **kwargs):
+    check_input_ids(input_ids, _vocab_size(self))
+    return original(self, obj, input_ids, *args, **kwargs)
+
+
+# -- 2. request bodies ---------------------------------------------------------------------------------------
+def body_is_non_object_json(body: bytes) -> bool:
+    """True when `body` is valid JSON but not an object (invalid JSON is left to SGLang's own 400)."""
+    try:
+        value = json.loads(body) if body.strip() else {}
+    except ValueError:
+        return False
+    return not isinstance(value, dict)
+
+
+VALIDATION_FRAMES = ("request_body_to_args", "_validate_value_with_model_field")  # FastAPI's body validation
+
+
+def raised_validating_body(exc: BaseException) -> bool:
+    """True when `exc` was raised inside FastAPI's request-body validation (a validator crashed on the input)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name in VALIDATION_FRAMES:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+async def _send_400(send, message: str) -> None:
+    payload = json.dumps({"object": "error", "message": message, "type": "BadRequestError", "param": None,
+                          "code": 400}).encode()
+    await send({"type": "http.response.start", "status": 400,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+    await send({"type": "http.response.body", "body": payload})
+
+
+class JsonObjectBodyMiddleware:
+    """ASGI middleware: POST bodies to /v1/* must be JSON objects, and a crash inside body validation of any POST
+    route is the client's 400, not a 500."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope.get("type") != "http" or scope.get("method") != "POST":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def send_tracked(message):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self._post(scope, receive, send_tracked)
+        except Exception as e:  # noqa: BLE001 - re-raised unless it is a body-validation crash
+            if started or not raised_validating_body(e):
+                raise
+            logger.warning("rejected a request body that crashed validation on %s: %s: %s", scope.get("path"),
+                           type(e).__name__, e)
+            await _send_400(send, f"Invalid request body: {type(e).__name__}: {e}")
+
+    async def _post(self, scope, receive, send):
+        if not str(scope.get("path", "")).startswith(OBJECT_ROUTES):
+            return await self.app(scope, receive, send)
+        chunks, more = [], True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # client went away: nothing to answer
+                return
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        if body_is_non_object_json(body):
+            return await _send_400(send, "The request body must be a JSON object")
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def _install_http(module) -> None:
+    app = getattr(module, "app", None)
+    if app is None or getattr(app, "_jetflow_body_guard", False):
+        return
+    app.add_middleware(JsonObjectBodyMiddleware)
+    app._jetflow_body_guard = True
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, inner):
+        self.inner = inner
+
+    def create_module(self, spec):
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module):
+        self.inner.exec_module(module)
+        _install_http(module)
+
+
+class _PostImportHook(importlib.abc.MetaPathFinder):
+    """Runs _install_http right after SGLang's http_server module is executed."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != HTTP_MODULE:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _Loader(spec.loader)
+        return spec
+
+
+def install() -> None:
+    """Register the token-id check with SGLang's plugin HookRegistry (applied by load_plugins in each process) and
+    the body check on SGLang's FastAPI app (now if it is imported already, else when it is)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    if not any(h is _around_validate for _, h, _ in HookRegistry._hooks.get(TARGET, [])):
+        HookRegistry.register(TARGET, _around_validate, HookType.AROUND)
+    if HTTP_MODULE in sys.modules:
+        _install_http(sys.modules[HTTP_MODULE])
+    elif not any(isinstance(f, _PostImportHook) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PostImportHook())
