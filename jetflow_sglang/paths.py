@@ -37,7 +37,7 @@ def resolve_dir(name, what: str) -> Path:
             return Path(snapshot_download(str(name), allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"]))
         except Exception as e:  # noqa: BLE001 - any hub failure is one line for the user
             raise ValueError(f"{what} {name} is not a local folder and could not be fetched from the Hugging Face "
-                             f"hub ({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
+                             f"hub ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from None
     raise ValueError(f"no {what} at {path}")
 
 

@@ -222,3 +222,22 @@ def test_head_kind_must_fit_the_drafter(tmp_path):
         with pytest.raises(HeadMismatchError) as e:
             drafter_for(cfg, name)
         assert name in _one_line(e)
+
+
+def test_repo_id_resolves_through_the_hub_cache(tmp_path, monkeypatch):
+    """`--head z-lab/...` / --speculative-draft-model-path with a repo id: the hub's local snapshot is read."""
+    import huggingface_hub
+
+    target = tiny_model("qwen3")
+    out, _, _ = write_release(tmp_path / "snapshot", target.config, causal=False)
+    asked = []
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo, **kw: asked.append(repo) or str(out))
+    head = load_head("z-lab/Tiny-DFlash-b8", target)
+    assert asked == ["z-lab/Tiny-DFlash-b8"] and head.config.causal is False
+
+    def offline(repo, **kw):
+        raise OSError("Cannot find an appropriate cached snapshot folder\nfor the specified revision")
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    with pytest.raises(CheckpointError) as e:
+        load_head("z-lab/Missing-DFlash", target)
+    assert "z-lab/Missing-DFlash is not a local folder" in _one_line(e)

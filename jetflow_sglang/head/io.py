@@ -25,9 +25,21 @@ def save_head(head: JetFlowHead, out_dir, dtype: torch.dtype = torch.bfloat16) -
     return out
 
 
+def locate_head(head_dir) -> Path:
+    """A local head folder; a Hugging Face repo id ("z-lab/Qwen3-8B-DFlash-b16") resolves to its local hub cache."""
+    from ..paths import looks_like_repo_id, resolve_dir
+
+    if looks_like_repo_id(str(head_dir)):
+        try:
+            return resolve_dir(head_dir, "draft-head checkpoint")
+        except ValueError as e:
+            raise CheckpointError(str(e)) from None
+    return Path(head_dir)
+
+
 def read_head_config(head_dir, target_config=None) -> tuple[JetFlowHeadConfig, str]:
     """(config, format) of a head folder, without reading weights. One-line CheckpointError on anything wrong."""
-    path = Path(head_dir)
+    path = locate_head(head_dir)
     if not (path / "config.json").is_file():
         raise CheckpointError(f"no draft-head checkpoint at {path} (expected config.json and model.safetensors)")
     raw = read_config(path / "config.json")
@@ -73,7 +85,7 @@ def check_state(head: JetFlowHead, state: dict, where) -> None:
 
 def load_head(head_dir, target=None, dtype: torch.dtype | None = None, device=None) -> JetFlowHead:
     """Load a head and, when `target` (an HF model or our Target) is given, check and bind it to that target."""
-    path = Path(head_dir)
+    path = locate_head(head_dir)
     model = target.model if hasattr(target, "tap_layers") else target  # our Target wraps the HF model
     cfg, fmt = read_head_config(path, model.config if model is not None else None)
     if model is not None:
