@@ -4,23 +4,48 @@ state object, so one drafter serves many requests (the SGLang worker keys states
     state = drafter.new_state(prompt_ids, taps)
     tree = drafter.draft(state, anchor, budget, temperature, generator)
     drafter.advance(state, committed_tokens, committed_taps)   # root + accepted nodes
+
+Head drafters also draft a whole batch in one head forward (topk_batch / draft_batch on padded context K/V), and their
+single-request `draft` is that same path with b = 1.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import torch
 
+from .context_kv import ContextKV
 from .head import MASK, JetFlowHead
 from .tree import DraftTree, best_first, chain, check_budget, per_depth
+from .tree_batch import TreeBatch, build_topb, build_topb_conditioned, root_only
+
+TREES = ("exact", "paper")
 
 
 @dataclass
 class State:
     tokens: list[int]  # committed tokens; the head's context rows when it has one
-    ctx_kv: list | None = None
+    ctx: ContextKV | None = None  # the head's context K/V (b = 1), grown in place
     extra: dict = field(default_factory=dict)
+
+    @property
+    def ctx_kv(self):
+        """Per-layer (k, v) [1, Hkv, T, D] views of the context, or None without a head."""
+        return self.ctx.views() if self.ctx is not None else None
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    name: str
+    needs_taps: bool
+
+    def new_state(self, prompt_ids, taps=None) -> State: ...
+
+    def draft(self, state: State, anchor: int, budget: int, temperature: float = 0.0, generator=None) -> DraftTree: ...
+
+    def advance(self, state: State, tokens, taps=None) -> None: ...
 
 
 class ARDrafter:
@@ -71,107 +96,242 @@ class NgramDrafter(ARDrafter):
 
 
 class HeadDrafter:
-    """Drafts with a JetFlow head. mode: 'tree' (per-depth marginals, best-first), 'branch' (every node re-conditioned
-    on its real ancestors, then rebuilt per parent), 'chain' (argmax per depth: DFlash)."""
+    """Drafts with a JetFlow head. mode: 'tree' (per-depth marginals, top-B tree), 'branch' (every node re-conditioned
+    on its real ancestors, then rebuilt per parent), 'chain' (argmax per depth: DFlash). tree: 'exact' (the vectorized
+    top-B builder, tree_batch) or 'paper' (the paper's eager accum_logp form, built on the host)."""
     needs_taps = True
 
-    def __init__(self, head: JetFlowHead, mode: str = "tree", width: int = 8, eager: bool = True, name: str = ""):
+    def __init__(self, head: JetFlowHead, mode: str = "tree", width: int = 8, tree: str = "exact", name: str = "",
+                 depth: int | None = None):
         if mode not in ("tree", "branch", "chain"):
             raise ValueError(f"unknown head drafting mode {mode!r}")
+        if tree not in TREES:
+            raise ValueError(f"tree must be one of {', '.join(TREES)}; got {tree!r}")
         if not head.bound:
             raise ValueError("bind the head to its target first (load_head(dir, target))")
-        self.head, self.mode, self.width, self.eager = head, mode, width, eager
+        block = head.config.block_size - 1
+        if depth is not None and not (isinstance(depth, int) and 1 <= depth <= block):
+            raise ValueError(f"depth must be an integer in [1, {block}] (the head's block); got {depth!r}")
+        if not (isinstance(width, int) and width >= 1):
+            raise ValueError(f"width must be a positive integer; got {width!r}")
+        self.head, self.mode, self.tree_kind = head, mode, tree
         self.name = name or mode
-        self.depth = head.config.block_size - 1
+        self.block = block  # mask slots per forward (the trained block)
+        self.depth = depth or block  # deepest drafted level
         self.lm_weight = head.lm_weight().detach().contiguous()  # gathered once for a reduced vocab
         self.vocab_ids = head.vocab_ids
         self.vocab_size = head.config.target["vocab_size"]
+        self.width = min(width, self.vocab_ids.shape[0])
         self.device = self.lm_weight.device
 
+    @property
+    def eager(self) -> bool:
+        return self.tree_kind == "paper"
+
     # -- context ---------------------------------------------------------------------------------------------
-    def _kv(self, taps, start: int):
+    def context_kv(self, taps, start) -> list:
+        """taps [b, m, n_taps*H] (or [m, ...]) at positions start + (0..m-1) -> per-layer (k, v) [b, Hkv, m, D]."""
         taps = torch.as_tensor(taps).to(self.device)
-        pos = torch.arange(start, start + taps.shape[0], device=self.device)[None]
-        return self.head.context_kv(taps[None], pos)
+        if taps.dim() == 2:
+            taps = taps[None]
+        start = torch.as_tensor(start, device=self.device).view(-1, 1)
+        pos = start + torch.arange(taps.shape[1], device=self.device)
+        return self.head.context_kv(taps, pos.expand(taps.shape[0], -1))
 
     @torch.no_grad()
     def new_state(self, prompt_ids, taps) -> State:
-        return State(tokens=list(prompt_ids), ctx_kv=self._kv(taps, 0))
+        return State(tokens=list(prompt_ids), ctx=ContextKV(self.context_kv(taps, 0)))
 
     @torch.no_grad()
     def advance(self, state: State, tokens, taps) -> None:
-        new = self._kv(taps, len(state.tokens))
-        state.ctx_kv = [(torch.cat([k0, k1], 2), torch.cat([v0, v1], 2)) for (k0, v0), (k1, v1) in zip(state.ctx_kv, new)]
-        state.tokens.extend(int(t) for t in tokens)
+        """Append the committed rows' K/V in place: O(new tokens) per round."""
+        tokens = [int(t) for t in tokens]
+        if tokens:
+            state.ctx.append(self.context_kv(taps, len(state.tokens)), [len(tokens)])
+            state.tokens.extend(tokens)
 
-    def _logprobs(self, tokens, positions, mask, state: State) -> torch.Tensor:
-        t = torch.tensor(tokens, device=self.device)[None]
-        hidden = self.head(t, positions[None].to(self.device), state.ctx_kv, mask[None].to(self.device))[0]
+    # -- batched forwards ------------------------------------------------------------------------------------
+    def _ctx_mask(self, ctx_lens: torch.Tensor, rows: int, t: int) -> torch.Tensor:
+        return (torch.arange(t, device=self.device)[None] < ctx_lens[:, None])[:, None].expand(-1, rows, t)
+
+    def _logprobs(self, tokens, positions, mask, ctx_kv) -> torch.Tensor:
+        hidden = self.head(tokens, positions, ctx_kv, mask)
         return self.head.logits(hidden, self.lm_weight).float().log_softmax(-1)
 
-    # -- drafting --------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def block_logprobs(self, state: State, anchor: int) -> torch.Tensor:
-        """One forward over [anchor, MASK x (B-1)]: log-probs [B-1, V_draft] for depths 1..B-1."""
-        n_ctx, size = len(state.tokens), self.depth + 1
-        pos = torch.arange(n_ctx, n_ctx + size)
-        lp = self._logprobs([anchor] + [MASK] * self.depth, pos, self.head.block_mask(n_ctx, size), state)
-        return lp[1:]
+    def block_logprobs_batch(self, anchors, ctx_kv, ctx_lens) -> torch.Tensor:
+        """One forward over [anchor, MASK x block] per request: log-probs [b, depth, V_draft] for depths 1..depth.
+
+        ctx_kv: per head layer (k, v) [b, Hkv, T, D], padded; row t of request i is valid iff t < ctx_lens[i]."""
+        anchors = torch.as_tensor(anchors, device=self.device).view(-1)
+        ctx_lens = torch.as_tensor(ctx_lens, device=self.device).view(-1)
+        b, size, t = anchors.shape[0], self.block + 1, ctx_kv[0][0].shape[2]
+        tokens = torch.cat([anchors[:, None], torch.full((b, self.block), MASK, device=self.device)], 1)
+        pos = ctx_lens[:, None] + torch.arange(size, device=self.device)
+        inner = self.head.block_mask(0, size, device=self.device)[None].expand(b, -1, -1)
+        mask = torch.cat([self._ctx_mask(ctx_lens, size, t), inner], 2)
+        return self._logprobs(tokens, pos, mask, ctx_kv)[:, 1:1 + self.depth]
 
     @torch.no_grad()
-    def conditioned_logprobs(self, state: State, tree: DraftTree) -> torch.Tensor:
-        """Child distribution of every node given its real ancestors, in one forward: [N, V_draft].
+    def conditioned_logprobs_batch(self, tb: TreeBatch, ctx_kv, ctx_lens) -> torch.Tensor:
+        """Child distribution of every slot given its real ancestors, in one forward: [b, N, V_draft].
 
         Node slots carry their real tokens at position ctx + depth and see their ancestors; one MASK query per node,
         at ctx + depth + 1, sees that node's path. This is a training-time block with real tokens before the first MASK.
         """
-        n_ctx, n = len(state.tokens), len(tree)
-        anc = tree.ancestor_mask()
-        depths = torch.tensor(tree.depths)
-        inner = torch.zeros(2 * n, 2 * n, dtype=torch.bool)
-        inner[:n, :n] = anc
-        inner[n:, :n] = anc
-        inner[n:, n:] = torch.eye(n, dtype=torch.bool)
-        mask = torch.cat([torch.ones(2 * n, n_ctx, dtype=torch.bool), inner], 1)
-        pos = n_ctx + torch.cat([depths, depths + 1])
-        return self._logprobs(tree.tokens + [MASK] * n, pos, mask, state)[n:]
+        ctx_lens = torch.as_tensor(ctx_lens, device=self.device).view(-1)
+        b, n, t = tb.batch, tb.budget, ctx_kv[0][0].shape[2]
+        anc = tb.ancestor_mask()
+        eye = torch.eye(n, dtype=torch.bool, device=self.device).expand(b, n, n)
+        inner = torch.cat([torch.cat([anc, torch.zeros_like(anc)], 2), torch.cat([anc, eye], 2)], 1)
+        mask = torch.cat([self._ctx_mask(ctx_lens, 2 * n, t), inner], 2)
+        pos = ctx_lens[:, None] + torch.cat([tb.depths, tb.depths + 1], 1)
+        tokens = torch.cat([tb.tokens, torch.full_like(tb.tokens, MASK)], 1)
+        return self._logprobs(tokens, pos, mask, ctx_kv)[:, n:]
 
-    def _topk(self, lp: torch.Tensor):
-        vals, idx = lp.topk(min(self.width, lp.shape[-1]), -1)
-        return self.vocab_ids[idx].tolist(), vals.tolist()
+    def _topk(self, lp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        vals, idx = lp.topk(self.width, -1)
+        return self.vocab_ids[idx], vals
 
+    @torch.no_grad()
+    def topk_batch(self, anchors, ctx_kv, ctx_lens) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens [b, depth, W], logps [b, depth, W]): the head's top-W per depth, sorted descending."""
+        return self._topk(self.block_logprobs_batch(anchors, ctx_kv, ctx_lens))
+
+    @torch.no_grad()
+    def draft_batch(self, anchors, ctx_kv, ctx_lens, budget: int) -> TreeBatch:
+        """Greedy (deterministic) trees for a batch: one head forward (two for 'branch'), no host sync ('exact')."""
+        check_budget(budget)
+        anchors = torch.as_tensor(anchors, device=self.device).view(-1)
+        if budget == 1:  # plain decoding: no head forward at all
+            return root_only(anchors, 1)
+        return self._trees(anchors, self.block_logprobs_batch(anchors, ctx_kv, ctx_lens), ctx_kv, ctx_lens, budget)
+
+    def _trees(self, anchors, lp, ctx_kv, ctx_lens, budget: int) -> TreeBatch:
+        if self.mode == "chain":
+            return _chain_batch(anchors, *(t[..., 0] for t in self._topk(lp)), budget)
+        toks, lps = self._topk(lp)
+        if self.eager:
+            return self._host_trees(anchors, toks, lps, ctx_kv, ctx_lens, budget)
+        tb = build_topb(anchors, toks, lps, budget)
+        if self.mode == "branch":
+            c_toks, c_lps = self._topk(self.conditioned_logprobs_batch(tb, ctx_kv, ctx_lens))
+            tb = build_topb_conditioned(tb, c_toks, c_lps, toks, lps, budget)
+        return tb
+
+    def _host_trees(self, anchors, toks, lps, ctx_kv, ctx_lens, budget) -> TreeBatch:
+        """The paper's eager form (tree='paper'), one request at a time on the host."""
+        trees = []
+        for i, anchor in enumerate(anchors.tolist()):
+            t_i, l_i = toks[i].tolist(), lps[i].tolist()
+            tree = best_first(anchor, per_depth(t_i, l_i), budget, self.width, self.depth, eager=True)
+            if self.mode == "branch" and len(tree) > 1:
+                first = TreeBatch.from_trees([tree], device=self.device)
+                c_lp = self.conditioned_logprobs_batch(first, [(k[i:i + 1], v[i:i + 1]) for k, v in ctx_kv],
+                                                       ctx_lens[i:i + 1])[0]
+                c_t, c_l = (x.tolist() for x in self._topk(c_lp))
+                tree = _rebuild_host(tree, c_t, c_l, t_i, l_i, budget, self.width, self.depth, eager=True)
+            trees.append(tree)
+        return TreeBatch.from_trees(trees, budget, self.device)
+
+    # -- single request (the batched path with b = 1) --------------------------------------------------------
+    def _one(self, state: State):
+        return state.ctx.views(), torch.tensor([len(state.tokens)], device=self.device)
+
+    @torch.no_grad()
+    def block_logprobs(self, state: State, anchor: int) -> torch.Tensor:
+        """[depth, V_draft] log-probs of one request (see block_logprobs_batch)."""
+        return self.block_logprobs_batch([int(anchor)], *self._one(state))[0]
+
+    @torch.no_grad()
+    def conditioned_logprobs(self, state: State, tree: DraftTree) -> torch.Tensor:
+        """[N, V_draft]: every node's child distribution given its real ancestors (see conditioned_logprobs_batch)."""
+        return self.conditioned_logprobs_batch(TreeBatch.from_trees([tree], device=self.device), *self._one(state))[0]
+
+    @torch.no_grad()
     def draft(self, state: State, anchor: int, budget: int, temperature: float = 0.0, generator=None) -> DraftTree:
         check_budget(budget)
-        lp = self.block_logprobs(state, anchor)
-        if self.mode == "chain":
-            vals, idx = lp[: budget - 1].max(-1)
-            tree = chain(anchor, self.vocab_ids[idx].tolist(), vals.tolist())
-        else:
-            toks, lps = self._topk(lp)
-            tree = best_first(anchor, per_depth(toks, lps), budget, self.width, self.depth, self.eager)
-            if self.mode == "branch" and len(tree) > 1:
-                tree = self._rebuild(state, anchor, tree, toks, lps, budget)
-        if temperature > 0:
-            q = (lp / temperature).softmax(-1)  # log_softmax only shifts logits, so this is softmax(logits / T)
-            tree = resample(tree, [self._dense(qd) for qd in q], generator)
+        if budget == 1:  # plain decoding: no head forward
+            return DraftTree.root(anchor)
+        ctx_kv, lens = self._one(state)
+        anchors = torch.tensor([int(anchor)], device=self.device)
+        lp = self.block_logprobs_batch(anchors, ctx_kv, lens)
+        if temperature <= 0:
+            return self._trees(anchors, lp, ctx_kv, lens, budget).tree(0)
+        # Sampling: the shape comes from the greedy marginal tree and is fixed before any token is drawn.
+        shape = self._trees(anchors, lp, ctx_kv, lens, budget) if self.mode == "chain" or self.eager else \
+            build_topb(anchors, *self._topk(lp), budget)
+        q = [self._dense(qd) for qd in (lp[0] / temperature).softmax(-1)]
+        tree = resample(shape.tree(0), q, generator)
+        if self.mode == "branch" and len(tree) > 1:
+            tree = self._resample_conditioned(tree, q, ctx_kv, lens, temperature, generator)
         return tree
 
-    def _rebuild(self, state, anchor, tree, toks, lps, budget) -> DraftTree:
-        c_toks, c_lps = self._topk(self.conditioned_logprobs(state, tree))
-        known = {tuple(tree.tokens[i] for i in tree.path_to(v)[1:]): v for v in range(len(tree))}
+    def _resample_conditioned(self, first: DraftTree, q_marginal, ctx_kv, lens, temperature, generator) -> DraftTree:
+        """Branch conditioning at T > 0: draw each node's children from its own conditioned distribution.
 
-        def child_fn(t: DraftTree, node: int):
-            v = known.get(tuple(t.tokens[i] for i in t.path_to(node)[1:]))
-            if v is not None:
-                return c_toks[v], c_lps[v]
-            return toks[t.depths[node]], lps[t.depths[node]]  # a path pass 1 never saw: fall back to marginals
-
-        return best_first(anchor, child_fn, budget, self.width, self.depth, eager=False)
+        `first` was drawn from the per-depth marginals. One forward gives every node of `first` its distribution given
+        its real path. The final tree has first's shape and first's depth-1 tokens (drawn from the root's marginal,
+        which the root keeps as its q); every other node draws its children afresh, without replacement, from the
+        conditioned distribution of its own token path when `first` holds that path, else from its depth's marginal.
+        Each node's q is fixed before its children are drawn, so recursive rejection sampling stays lossless.
+        """
+        c_lp = self.conditioned_logprobs_batch(TreeBatch.from_trees([first], device=self.device), ctx_kv, lens)[0]
+        known = {(first.parents[v], first.tokens[v]): v for v in range(1, len(first))}
+        n = len(first)
+        out = DraftTree(tokens=list(first.tokens), parents=list(first.parents), depths=list(first.depths),
+                        logps=list(first.logps), child_probs=[None] * n)
+        out.child_probs[0] = q_marginal[0]
+        source = [-1] * n  # the node of `first` with the same token path, or -1
+        source[0] = 0
+        for kid in first.children(0):  # depth 1 keeps first's draws from the root's marginal
+            source[kid] = kid
+        for node in range(1, n):  # parents come before children
+            kids = first.children(node)
+            if not kids:
+                continue
+            src = source[node]
+            q = self._dense((c_lp[src] / temperature).softmax(-1)) if src >= 0 else q_marginal[first.depths[node]]
+            out.child_probs[node] = q
+            gumbel = -torch.empty_like(q).exponential_(generator=generator).log()
+            for kid, tok in zip(kids, (q.log() + gumbel).topk(len(kids)).indices.tolist()):
+                out.tokens[kid] = tok
+                out.logps[kid] = out.logps[node] + math.log(max(float(q[tok]), 1e-30))
+                source[kid] = known.get((src, tok), -1) if src >= 0 else -1
+        return out
 
     def _dense(self, q_draft: torch.Tensor) -> torch.Tensor:
         q = torch.zeros(self.vocab_size, dtype=torch.float32)
         q[self.vocab_ids.cpu()] = q_draft.float().cpu()
         return q
+
+
+def _chain_batch(anchors, tokens, logps, budget: int) -> TreeBatch:
+    """Linear chains [anchor, argmax at depth 1, 2, ...] of min(budget, depth + 1) nodes, as a TreeBatch."""
+    b, depth = tokens.shape
+    n = min(budget - 1, depth)
+    dev = anchors.device
+    out = root_only(anchors, budget)
+    out.tokens[:, 1:n + 1] = tokens[:, :n]
+    out.parents[:, 1:n + 1] = torch.arange(n, device=dev)
+    out.depths[:, 1:n + 1] = torch.arange(1, n + 1, device=dev)
+    out.logps[:, 1:n + 1] = logps[:, :n].float().cumsum(1)
+    out.sizes[:] = n + 1
+    out.max_depth = max(1, n)
+    return out
+
+
+def _rebuild_host(tree, c_toks, c_lps, toks, lps, budget, width, depth, eager=False) -> DraftTree:
+    """Host rebuild of a branch tree: known token paths take their conditioned children, others the marginals."""
+    known = {tuple(tree.tokens[i] for i in tree.path_to(v)[1:]): v for v in range(len(tree))}
+
+    def child_fn(t: DraftTree, node: int):
+        v = known.get(tuple(t.tokens[i] for i in t.path_to(node)[1:]))
+        if v is not None:
+            return c_toks[v], c_lps[v]
+        return toks[t.depths[node]], lps[t.depths[node]]  # a path pass 1 never saw: fall back to marginals
+
+    return best_first(tree.tokens[0], child_fn, budget, width, depth, eager=eager)
 
 
 def resample(shape: DraftTree, q_by_depth: list[torch.Tensor], generator=None) -> DraftTree:
@@ -200,9 +360,13 @@ def resample(shape: DraftTree, q_by_depth: list[torch.Tensor], generator=None) -
 DRAFTERS = ("jetflow", "jetflow-branch", "ddtree", "dflash", "ngram", "ar")
 
 
-def make_drafter(name: str, head: JetFlowHead | None = None, bidir_head: JetFlowHead | None = None, width: int = 8):
-    """jetflow: causal head + the paper's tree; jetflow-branch: causal head, branch-conditioned; ddtree: bidirectional
-    head + best-first tree; dflash: bidirectional head, linear chain; ngram: prompt lookup; ar: no drafting."""
+def make_drafter(name: str, head: JetFlowHead | None = None, bidir_head: JetFlowHead | None = None, width: int = 8,
+                 tree: str = "exact", depth: int | None = None) -> Drafter:
+    """jetflow: causal head + top-B tree; jetflow-branch: causal head, branch-conditioned; ddtree: bidirectional
+    head + top-B tree; dflash: bidirectional head, linear chain; ngram: prompt lookup; ar: no drafting.
+    tree: 'exact' (default: the exact top-B builder) or 'paper' (the paper's eager form); depth: deepest level."""
+    if tree not in TREES:
+        raise ValueError(f"tree must be one of {', '.join(TREES)}; got {tree!r}")
     if name == "ar":
         return ARDrafter()
     if name == "ngram":
@@ -213,4 +377,4 @@ def make_drafter(name: str, head: JetFlowHead | None = None, bidir_head: JetFlow
     if h is None:
         raise ValueError(f"drafter {name!r} needs a draft head")
     mode = {"jetflow": "tree", "jetflow-branch": "branch", "ddtree": "tree", "dflash": "chain"}[name]
-    return HeadDrafter(h, mode=mode, width=width, eager=name != "jetflow-branch", name=name)
+    return HeadDrafter(h, mode=mode, width=width, tree=tree, name=name, depth=depth)

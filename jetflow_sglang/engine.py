@@ -19,8 +19,10 @@ class Round:
     tree: DraftTree | None  # None for the token that comes out of prefill
     path: list[int]
     new_tokens: list[int]
-    draft_s: float = 0.0
-    verify_s: float = 0.0
+    draft_s: float = 0.0  # drafting this round's tree + advancing the head over its accepted tokens
+    verify_s: float = 0.0  # target forward, acceptance and KV compaction
+    # the target's top-k token ids and probabilities at every verified node (generate(..., target_topk=k > 0) only)
+    target_top: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass
@@ -60,8 +62,14 @@ def _check(target: Target, prompt_ids, max_new_tokens: int, temperature, top_k, 
 
 def generate(target: Target, drafter, prompt_ids, max_new_tokens: int = 128, budget: int | str = 16,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, eos_ids=(), seed: int = 0,
-             max_budget: int = 256) -> Iterator[Round]:
-    """budget: tree nodes per verify step (1-512, root included), or "auto" to learn the fastest one online."""
+             max_budget: int = 256, target_topk: int = 0) -> Iterator[Round]:
+    """budget: tree nodes per verify step (1-512, root included), or "auto" to learn the fastest one online.
+
+    Budget 1 is plain decoding: head drafters run no head forward, but still advance their context each round.
+    Round.draft_s counts the draft and the head's advance over the round's accepted tokens (both are drafting cost).
+    target_topk > 0 fills Round.target_top (for the explorer)."""
+    if not isinstance(target_topk, int) or target_topk < 0:
+        raise ValueError(f"target_topk must be an integer >= 0; got {target_topk!r}")
     budget = parse_budget(budget)
     auto = auto_budget(target, max_budget) if budget == "auto" else None  # prior: verify cost measured once per machine
     _check(target, prompt_ids, max_new_tokens, temperature, top_k, top_p)
@@ -81,6 +89,7 @@ def generate(target: Target, drafter, prompt_ids, max_new_tokens: int = 128, bud
         tree = drafter.draft(state, anchor, max(1, min(size, room)), temperature, gen)
         t1 = time.perf_counter()
         logits, taps = target.verify(tree)
+        top = _target_top(logits, target_topk) if target_topk > 0 else None
         if temperature == 0:
             path, bonus = greedy_accept(tree, logits.argmax(-1).tolist())
         else:
@@ -89,13 +98,19 @@ def generate(target: Target, drafter, prompt_ids, max_new_tokens: int = 128, bud
         new = [tree.tokens[i] for i in path[1:]] + [bonus]
         stop = next((i + 1 for i, t in enumerate(new) if t in eos), len(new))  # EOS or the limit may fall mid-path
         new = new[: min(stop, max_new_tokens - done)]
+        t2 = time.perf_counter()
         drafter.advance(state, [tree.tokens[i] for i in path], taps[path])
+        draft_s = (t1 - t0) + (time.perf_counter() - t2)
         done += len(new)
         anchor = new[-1]
-        t2 = time.perf_counter()
         if auto:
-            auto.observe(path, len(tree), 1, t2 - t1, t1 - t0)
-        yield Round(tree, path, new, t1 - t0, t2 - t1)
+            auto.observe(path, len(tree), 1, t2 - t1, draft_s)
+        yield Round(tree, path, new, draft_s, t2 - t1, top)
+
+
+def _target_top(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    probs, ids = logits.float().softmax(-1).topk(min(k, logits.shape[-1]), -1)
+    return ids.cpu(), probs.cpu()
 
 
 def run(target: Target, drafter, prompt_ids, **kw) -> Result:

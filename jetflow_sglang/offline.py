@@ -14,6 +14,7 @@ import torch
 
 from .drafters import ARDrafter
 from .tree import DraftTree, best_first, check_budget, per_depth
+from .tree_batch import build_topb
 
 
 def accepted_length(tree: DraftTree, upcoming) -> int:
@@ -31,7 +32,7 @@ def accepted_length(tree: DraftTree, upcoming) -> int:
 class Walk:
     steps: int
     tokens: int  # tokens produced by verify steps (the prefill token excluded)
-    draft_s: float
+    draft_s: float  # draft + head advance, summed over steps
     nodes: int  # tree nodes verified, summed over steps
 
     @property
@@ -51,21 +52,30 @@ def walk(drafter, prompt_ids, continuation, taps: torch.Tensor, budget: int) -> 
         draft_s += time.perf_counter() - t0
         acc = accepted_length(tree, cont[i + 1:])
         steps, nodes = steps + 1, nodes + len(tree)
+        t0 = time.perf_counter()
         drafter.advance(state, cont[i:i + acc + 1], taps[p + i:p + i + acc + 1])
+        draft_s += time.perf_counter() - t0  # advancing the head is drafting cost too
         i += acc + 1
     return Walk(steps, len(cont) - 1, draft_s, nodes)
 
 
 class OracleDrafter(ARDrafter):
-    """The target's own per-depth top-k along its greedy path, fed to the same tree builder: a ceiling for drafters."""
+    """The target's own per-depth top-k along its greedy path, fed to the exact top-B builder: a ceiling for drafters.
+
+    eager=True builds the paper's eager form instead (only to compare builders; the ceiling is the exact tree)."""
     name = "oracle"
 
-    def __init__(self, target_logits: torch.Tensor, width: int = 8, depth: int = 15, eager: bool = True):
+    def __init__(self, target_logits: torch.Tensor, width: int = 8, depth: int = 15, eager: bool = False):
         self.logp = target_logits.float().log_softmax(-1)
-        self.width, self.depth, self.eager = width, depth, eager
+        self.width, self.depth, self.eager = min(width, self.logp.shape[-1]), depth, eager
 
     def draft(self, state, anchor, budget, temperature=0.0, generator=None) -> DraftTree:
+        check_budget(budget)
         at = len(state.tokens)  # the anchor's row; its logits predict depth 1
         lp = self.logp[at:at + self.depth]
+        if budget == 1 or len(lp) == 0:
+            return DraftTree.root(anchor)
         vals, idx = lp.topk(self.width, -1)
-        return best_first(anchor, per_depth(idx.tolist(), vals.tolist()), budget, self.width, len(lp), self.eager)
+        if self.eager:
+            return best_first(anchor, per_depth(idx.tolist(), vals.tolist()), budget, self.width, len(lp), True)
+        return build_topb(torch.tensor([int(anchor)]), idx[None], vals[None], budget).tree(0)

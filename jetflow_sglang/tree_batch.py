@@ -258,7 +258,7 @@ def _expand(anchor, tok_table, lp_table, root_row, child_rows, budget: int, dept
 
 def _assemble(anchor, tok_table, lvl_scores, lvl_flat, lvl_parent_u, lvl_depth, budget: int) -> TreeBatch:
     if not lvl_scores:
-        return _assemble_root(anchor, budget)
+        return root_only(anchor, budget)
     b = anchor.shape[0]
     u_scores = torch.cat(lvl_scores, 1)  # the union in (depth, within-depth) order: the tie order
     n_union = u_scores.shape[1]
@@ -287,7 +287,7 @@ def build_topb(anchor: torch.Tensor, cand_tokens: torch.Tensor, cand_logps: torc
     dev = cand_tokens.device
     plan = _plan(budget, depth, width, str(dev))
     if not plan.levels:
-        return _assemble_root(anchor, budget)
+        return root_only(anchor, budget)
     lp_all = _nonpositive(cand_logps.reshape(b, depth * width)).index_select(1, plan.rank_flat)
     score = torch.full((b, 1), -0.0, device=dev)
     sels, scores = [], []
@@ -306,7 +306,8 @@ def build_topb(anchor: torch.Tensor, cand_tokens: torch.Tensor, cand_logps: torc
                    plan.u_bits, budget, len(plan.levels))
 
 
-def _assemble_root(anchor, budget: int) -> TreeBatch:
+def root_only(anchor: torch.Tensor, budget: int) -> TreeBatch:
+    """Trees holding only their root (anchor [b]), padded to `budget` slots."""
     b, dev = anchor.shape[0], anchor.device
     tokens = anchor.view(b, 1).expand(b, budget).clone()
     parents = torch.zeros(b, budget, dtype=torch.long, device=dev)
@@ -322,7 +323,7 @@ def _select(anchor, tok_flat, u_scores, u_flat, u_parent, u_depth, u_tie, u_bits
     b, n_union = u_scores.shape
     dev = anchor.device
     k = min(budget - 1, n_union)
-    out = _assemble_root(anchor, budget)
+    out = root_only(anchor, budget)
     sel = _order_key(u_scores, u_tie, u_bits).topk(k, dim=1, largest=False).indices
     sel_scores = u_scores.gather(1, sel)
     out_pos = torch.zeros(b, n_union + 1, dtype=torch.long, device=dev)  # [:, 0] is the root
