@@ -5,12 +5,11 @@ against the target's config), so bad input fails in well under a second with one
 """
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 
 from .drafters import DRAFTERS, make_drafter
-from .head import BIDIRECTIONAL_DRAFTERS, CheckpointError, attach_head, drafter_for, load_head, read_head_config
+from .head import BIDIRECTIONAL_DRAFTERS, attach_head, drafter_for, load_head, read_head_config
 from .paths import DEFAULT_HEAD_DIR, bidir_dir, default_paths, resolve_dir
 
 TREES = ("exact", "paper")
@@ -93,10 +92,4 @@ def load_stack(target_dir=None, head_dir=None, dtype="bfloat16", drafter="jetflo
     return target, make_drafter(drafter, head, None, width=width, **kw)
 
 
-def check_finite(name: str, value: float) -> float:
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number; got {value!r}")
-    return value
-
-
-__all__ = ["CheckpointError", "TREES", "check_device", "check_finite", "check_stack_args", "load_stack", "pick_head"]
+__all__ = ["TREES", "check_device", "check_stack_args", "load_stack", "pick_head"]
