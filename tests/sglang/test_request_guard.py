@@ -1,0 +1,109 @@
+"""The server survives any single request: empty prompts, token ids outside the vocabulary and request bodies that
+are not JSON objects get a 4xx from a real JETFLOW server on 127.0.0.1, and /health stays 200 after each."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+
+from jetflow_sglang.sglang.request_guard import body_is_non_object_json, check_input_ids, raised_validating_body
+
+sys.path.insert(0, str(Path(__file__).parent))
+from sgl_fixtures import build_tiny_head, build_tiny_qwen3  # noqa: E402
+from sgl_server import Server  # noqa: E402
+
+
+# -- unit: the checks themselves ------------------------------------------------------------------------------
+@pytest.mark.parametrize("ids,ok", [([1, 2, 3], True), ([0, 375], True), ([], False), ([1, 376], False),
+                                    ([-1], False), ([1.5], False), ([True], False), (None, True)])
+def test_check_input_ids(ids, ok):
+    if ok:
+        check_input_ids(ids, 376)
+    else:
+        with pytest.raises(ValueError) as e:
+            check_input_ids(ids, 376)
+        assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("body,bad", [(b"[1, 2]", True), (b'"hi"', True), (b"null", True), (b"3", True),
+                                      (b"{}", False), (b'{"a": 1}', False), (b"not json", False), (b"", False)])
+def test_body_check(body, bad):
+    assert body_is_non_object_json(body) is bad
+
+
+def test_only_crashes_inside_body_validation_count_as_client_errors():
+    def request_body_to_args():  # same name as FastAPI's body validation step
+        return {}.get(1).get("x")
+
+    with pytest.raises(AttributeError) as inside:
+        request_body_to_args()
+    with pytest.raises(AttributeError) as outside:
+        None.get("x")
+    assert raised_validating_body(inside.value) and not raised_validating_body(outside.value)
+
+
+# -- against a real server ------------------------------------------------------------------------------------
+if os.environ.get("JETFLOW_SKIP_SGLANG") != "1":
+    import sglang  # noqa: F401
+
+BAD = [  # (path, raw JSON body)
+    ("/generate", '{"text": ""}'),
+    ("/generate", '{"input_ids": []}'),
+    ("/generate", '{"input_ids": [1, 2, 60000]}'),
+    ("/generate", '{"input_ids": [1, -2]}'),
+    ("/generate", '{"text": ["hi", ""]}'),
+    ("/generate", '{"input_ids": [[1, 2], [3, 999]]}'),
+    ("/generate", "[1, 2]"),
+    ("/v1/completions", '{"model": "default", "prompt": ""}'),
+    ("/v1/completions", '{"model": "default", "prompt": [5, 70000]}'),
+    ("/v1/completions", "[1]"),
+    ("/v1/chat/completions", "[1, 2]"),
+    ("/v1/chat/completions", '"hello"'),
+    ("/v1/chat/completions", "null"),
+    ("/v1/chat/completions", '{"model": "default", "messages": "hi"}'),
+    ("/v1/chat/completions", '{"model": "default", "messages": [1]}'),
+    ("/v1/chat/completions", '{"model": "default", "messages": [{"role": "user", "content": "x"}], '
+                             '"response_format": "abc", "max_tokens": 2}'),
+]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rg")
+    target = build_tiny_qwen3(root / "tiny-qwen3")
+    head = build_tiny_head(target, root / "tiny-head")
+    srv = Server(str(target), ["--dtype", "float32", "--speculative-algorithm", "JETFLOW",
+                               "--speculative-draft-model-path", str(head), "--speculative-num-draft-tokens", "4"],
+                 root / "server.log")
+    try:
+        yield srv.wait_ready()
+    finally:
+        srv.stop()
+
+
+def _health(srv) -> int:
+    return requests.get(srv.url + "/health", timeout=60).status_code
+
+
+@pytest.mark.slow
+def test_bad_requests_get_4xx_and_the_server_stays_up(server):
+    for path, raw in BAD:
+        r = requests.post(server.url + path, data=raw, headers={"content-type": "application/json"}, timeout=120)
+        assert 400 <= r.status_code < 500, (path, raw, r.status_code, r.text[:300])
+        assert _health(server) == 200, (path, raw, server.tail())
+    ok = server.generate(text="The quick brown fox", sampling_params={"max_new_tokens": 8, "temperature": 0})
+    assert len(ok["output_ids"]) == 8 and ok["meta_info"]["spec_verify_ct"] > 0
+    assert "Traceback" not in Path(server.log).read_text(errors="replace")
+
+
+@pytest.mark.slow
+def test_error_messages_name_the_problem(server):
+    r = server.post("/generate", {"input_ids": [1, 2, 60000]})
+    assert "60000" in r.json()["error"]["message"]
+    r = requests.post(server.url + "/v1/chat/completions", data=json.dumps([1]),
+                      headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 400 and "JSON object" in r.json()["message"]
