@@ -241,3 +241,17 @@ def test_repo_id_resolves_through_the_hub_cache(tmp_path, monkeypatch):
     with pytest.raises(CheckpointError) as e:
         load_head("z-lab/Missing-DFlash", target)
     assert "z-lab/Missing-DFlash is not a local folder" in _one_line(e)
+
+
+def test_release_head_through_the_server_target_view(tmp_path):
+    """The SGLang worker loads heads through load_head with a TargetView (embedding forward + LM head weight): a
+    released head loaded that way gives the reference logits too."""
+    from jetflow_sglang.sglang.target_view import TargetView
+
+    target = tiny_model("qwen3")
+    out, cfg, state = write_release(tmp_path / "head", target.config, causal=True)
+    head = load_head(out, TargetView(target, target.config))
+    taps = torch.randn(5, 2 * target.config.hidden_size, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded_logits(head, taps, 3), reference_logits(cfg, state, target, taps, 3, True),
+                                   rtol=1e-4, atol=1e-4)
