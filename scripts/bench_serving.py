@@ -1,12 +1,14 @@
-"""Serving benchmark: SGLang with JETFLOW at several budgets versus no speculation, same build, same run.
+"""Serving benchmark: SGLang without speculation, JETFLOW (fixed budgets and auto) and SGLang's own NGRAM, same build.
 
-For each server configuration (baseline, then JETFLOW at each --budgets value) it starts
-`python -m sglang.launch_server` on 127.0.0.1, sends the same chat prompts (bench/data/*.jsonl) at each
-concurrency level, and records output throughput, per-request latency and the server's accept length.
-Results: bench/results/sglang_serving.json and .md.
+For each server configuration it starts `python -m sglang.launch_server` on 127.0.0.1 and runs two workloads:
+  mixed          GSM8K and MT-Bench chat prompts (interleaved), at every concurrency level
+  shared-prefix  one ~400-token system prompt + different questions (the radix cache serves the prefix)
+Each request streams, so TTFT (first chunk), ITL (mean time per output token after the first) and end-to-end
+latency are measured per request; throughput is output tokens / wall time of the level; the accept length is the
+server's (`spec_accept_length` in meta_info). Results: <out>.json, <out>.md and <out>.png.
 
-    python scripts/bench_serving.py                                 # default SmolLM2 + shipped head, CPU
-    python scripts/bench_serving.py --drafter ngram --budgets 4 8   # prompt lookup instead of the head
+    python scripts/bench_serving.py                          # default SmolLM2 + shipped head, CPU, all configs
+    python scripts/bench_serving.py --configs nospec jetflow-b8 --concurrency 1 4 --requests 16
 """
 from __future__ import annotations
 
@@ -21,42 +23,150 @@ import tempfile
 import time
 from pathlib import Path
 
+import requests
 from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "sglang"))
 from sgl_server import Server  # noqa: E402  (the same launcher the e2e tests use)
 
+CONFIGS = ("nospec", "jetflow-b8", "jetflow-b16", "jetflow-auto", "ngram")
+SYSTEM = ("You are a careful assistant for a school. Answer the question that follows. Explain every step of your "
+          "reasoning in plain words, check each number twice, keep units consistent, and end with a short summary "
+          "sentence that states the final answer. Be polite and concise, avoid jargon, and never invent facts. ")
+
 
 def load_prompts(n: int) -> list[str]:
+    """GSM8K and MT-Bench prompts, interleaved (bench/data, copied from ../shared/data)."""
+    rows = [[json.loads(ln)["prompt"] for ln in (ROOT / "bench" / "data" / f).read_text().splitlines() if ln.strip()]
+            for f in ("gsm8k.jsonl", "mtbench.jsonl")]
     out = []
-    files = sorted((ROOT / "bench" / "data").glob("*.jsonl"))
-    rows = [[json.loads(l)["prompt"] for l in f.read_text().splitlines() if l.strip()] for f in files]
-    for i in range(max(len(r) for r in rows)):  # interleave datasets: chat, code, math
+    for i in range(max(len(r) for r in rows)):
         out += [r[i] for r in rows if i < len(r)]
-    return out[:n]
+    return (out * (n // len(out) + 1))[:n]
+
+
+def chat_ids(tok, messages) -> list[int]:
+    x = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(x["input_ids"] if hasattr(x, "keys") else x)
+
+
+def system_prompt(tok, n_tokens: int) -> str:
+    text = SYSTEM
+    while len(tok(text).input_ids) < n_tokens:
+        text += SYSTEM
+    ids = tok(text).input_ids[:n_tokens]
+    return tok.decode(ids)
+
+
+def config_args(name: str, head: str | None, drafter: str) -> tuple[list[str], dict]:
+    head_args = ["--speculative-draft-model-path", head] if head and drafter not in ("ngram", "ar") else []
+    env = {"JETFLOW_DRAFTER": drafter}
+    if name == "nospec":
+        return [], {}
+    if name == "ngram":  # SGLang's own algorithm; on CPU it verifies through JetFlow's tree backend
+        return ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8",
+                "--attention-backend", "jetflow_tree_native"], {}
+    if name == "jetflow-auto":
+        return ["--speculative-algorithm", "JETFLOW", "--speculative-num-draft-tokens", "16", *head_args], \
+            {**env, "JETFLOW_BUDGET": "auto"}
+    budget = int(name.rsplit("-b", 1)[1])
+    return ["--speculative-algorithm", "JETFLOW", "--speculative-num-draft-tokens", str(budget), *head_args], env
+
+
+def stream_one(url: str, ids: list[int], max_tokens: int) -> dict:
+    t0 = time.perf_counter()
+    body = {"input_ids": ids, "stream": True,
+            "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0}}
+    first, last_meta = None, {}
+    with requests.post(url + "/generate", json=body, stream=True, timeout=1800) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith(b"data:") or line == b"data: [DONE]":
+                continue
+            if first is None:
+                first = time.perf_counter() - t0
+            last_meta = json.loads(line[5:]).get("meta_info", last_meta)
+    e2e = time.perf_counter() - t0
+    n = int(last_meta.get("completion_tokens", 0))
+    return {"ttft": first if first is not None else e2e, "e2e": e2e, "tokens": n,
+            "itl": (e2e - (first or e2e)) / (n - 1) if n > 1 else 0.0,
+            "accept": last_meta.get("spec_accept_length"), "cached": last_meta.get("cached_tokens", 0)}
 
 
 def run_level(srv: Server, prompts: list[list[int]], concurrency: int, max_tokens: int) -> dict:
-    def one(ids):
-        t0 = time.perf_counter()
-        r = srv.generate(input_ids=ids, sampling_params={"max_new_tokens": max_tokens, "temperature": 0},
-                         timeout=1800)
-        m = r["meta_info"]
-        return time.perf_counter() - t0, m["completion_tokens"], m.get("spec_verify_ct")
-
     t0 = time.perf_counter()
     with cf.ThreadPoolExecutor(concurrency) as pool:
-        res = list(pool.map(one, prompts))
+        res = list(pool.map(lambda ids: stream_one(srv.url, ids, max_tokens), prompts))
     wall = time.perf_counter() - t0
-    lat = sorted(x[0] for x in res)
-    toks = sum(x[1] for x in res)
-    rounds = sum(x[2] or 0 for x in res)
+    toks = sum(x["tokens"] for x in res)
+    acc = [x["accept"] for x in res if x["accept"] is not None]
+    mean = lambda k: round(statistics.mean(x[k] for x in res), 4)  # noqa: E731
+    p50 = lambda k: round(statistics.median(x[k] for x in res), 4)  # noqa: E731
     return {"concurrency": concurrency, "requests": len(prompts), "output_tokens": toks, "wall_s": round(wall, 3),
-            "output_tok_per_s": round(toks / wall, 3), "latency_mean_s": round(statistics.mean(lat), 3),
-            "latency_p50_s": round(lat[len(lat) // 2], 3), "latency_max_s": round(lat[-1], 3),
-            # tokens per target forward of a decode round (the first token comes from prefill)
-            "accept_length": round((toks - len(prompts)) / rounds, 3) if rounds else None}
+            "output_tok_per_s": round(toks / wall, 3), "ttft_mean_s": mean("ttft"), "ttft_p50_s": p50("ttft"),
+            "itl_mean_ms": round(1000 * statistics.mean(x["itl"] for x in res), 3),
+            "e2e_mean_s": mean("e2e"), "e2e_p50_s": p50("e2e"), "e2e_max_s": round(max(x["e2e"] for x in res), 4),
+            "accept_length": round(statistics.mean(acc), 3) if acc else None,
+            "cached_tokens_mean": round(statistics.mean(x["cached"] for x in res), 1)}
+
+
+def server_state(srv: Server) -> dict:
+    try:
+        info = requests.get(srv.url + "/server_info", timeout=30).json()
+        st = info["internal_states"][0]
+        return {"avg_spec_accept_length": st.get("avg_spec_accept_length"), "jetflow": st.get("jetflow")}
+    except (requests.RequestException, KeyError, IndexError, ValueError):
+        return {}
+
+
+def write_report(out: Path, meta: dict, results: list[dict], failures: dict) -> str:
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results, "failures": failures},
+                                                   indent=2))
+    base = {(r["workload"], r["concurrency"]): r["output_tok_per_s"] for r in results if r["config"] == "nospec"}
+    lines = [f"# SGLang serving: JETFLOW vs no speculation vs NGRAM ({meta['date']})", "",
+             f"Command: `{meta['command']}`", "",
+             f"model `{meta['model']}`, head `{meta['head']}`, drafter `{meta['drafter']}`, dtype {meta['dtype']}, "
+             f"{meta['requests_per_level']} requests per level (GSM8K + MT-Bench chat prompts), max_tokens "
+             f"{meta['max_tokens']}, greedy, radix cache on; shared-prefix: a {meta['prefix_tokens']}-token system "
+             f"prompt + different questions; machine: {meta['machine']}; sglang {meta['sglang']}, torch {meta['torch']}.",
+             "", "| workload | config | conc. | output tok/s | vs nospec | TTFT mean (s) | ITL mean (ms) | "
+                 "e2e mean (s) | e2e p50 | e2e max | accept len | cached tok |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        b = base.get((r["workload"], r["concurrency"]))
+        sp = f"{r['output_tok_per_s'] / b:.2f}x" if b else "-"
+        acc = "-" if r["accept_length"] is None else f"{r['accept_length']:.2f}"
+        lines.append(f"| {r['workload']} | {r['config']} | {r['concurrency']} | {r['output_tok_per_s']:.1f} | {sp} | "
+                     f"{r['ttft_mean_s']:.3f} | {r['itl_mean_ms']:.1f} | {r['e2e_mean_s']:.2f} | {r['e2e_p50_s']:.2f} "
+                     f"| {r['e2e_max_s']:.2f} | {acc} | {r['cached_tokens_mean']:.0f} |")
+    for name, why in failures.items():
+        lines += ["", f"**{name} did not run**: {why}"]
+    text = "\n".join(lines) + "\n"
+    out.with_suffix(".md").write_text(text)
+    _plot(out.with_suffix(".png"), results)
+    return text
+
+
+def _plot(path: Path, results: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = sorted({r["workload"] for r in results})
+    fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4), squeeze=False)
+    for ax, w in zip(axes[0], workloads):
+        for cfg in dict.fromkeys(r["config"] for r in results):
+            rows = [r for r in results if r["workload"] == w and r["config"] == cfg]
+            if rows:
+                ax.plot([r["concurrency"] for r in rows], [r["output_tok_per_s"] for r in rows], marker="o", label=cfg)
+        ax.set(title=w, xlabel="concurrency", ylabel="output tok/s", xscale="log", xticks=[1, 2, 4, 8])
+        ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv=None) -> int:
@@ -64,75 +174,74 @@ def main(argv=None) -> int:
     ap.add_argument("--model", help="target folder (default: the converted SmolLM2-135M-Instruct)")
     ap.add_argument("--head", help="JetFlow head folder (default: the shipped head)")
     ap.add_argument("--drafter", default=None, help="JETFLOW_DRAFTER (default: jetflow with a head, else ngram)")
-    ap.add_argument("--budgets", type=int, nargs="+", default=[4, 8, 16])
+    ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
-    ap.add_argument("--requests", type=int, default=8, help="requests per concurrency level")
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--prefix-concurrency", type=int, nargs="+", default=[1, 4],
+                    help="concurrency levels of the shared-prefix workload (none: skip it)")
+    ap.add_argument("--requests", type=int, default=16, help="requests per concurrency level")
+    ap.add_argument("--prefix-tokens", type=int, default=400)
+    ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--max-total-tokens", type=int, default=16384, help="KV pool size of every server")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "sglang_serving"))
     a = ap.parse_args(argv)
-    if any(c < 1 for c in a.concurrency) or any(not 1 <= b <= 64 for b in a.budgets) or a.requests < 1:
-        ap.error("concurrency and requests must be >= 1, budgets in [1, 64]")
+    if any(c < 1 for c in a.concurrency + a.prefix_concurrency) or a.requests < 1 or a.max_tokens < 1:
+        ap.error("concurrency, requests and max-tokens must be >= 1")
+
+    from transformers import AutoTokenizer
 
     from jetflow_sglang.paths import default_paths
 
-    target, shipped = default_paths()
+    target, shipped = default_paths() if not (a.model and a.head) else (a.model, a.head)
     model = a.model or target
     head = a.head or (shipped if (Path(shipped) / "config.json").is_file() else None)
     drafter = a.drafter or ("jetflow" if head else "ngram")
-    if drafter not in ("ngram", "ar") and not head:
-        ap.error(f"drafter {drafter!r} needs --head (no shipped head found at {shipped})")
-    from transformers import AutoTokenizer
-
     tok = AutoTokenizer.from_pretrained(model)
-    prompts = [_ids(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                            tokenize=True)) for p in load_prompts(a.requests)]
-    configs = [("baseline", [], {})] + [
-        (f"jetflow-b{b}", ["--speculative-algorithm", "JETFLOW", "--speculative-num-draft-tokens", str(b)]
-         + (["--speculative-draft-model-path", head] if head and drafter not in ("ngram", "ar") else []),
-         {"JETFLOW_DRAFTER": drafter}) for b in a.budgets]
+    mixed = [chat_ids(tok, [{"role": "user", "content": p}]) for p in load_prompts(a.requests)]
+    sys_text = system_prompt(tok, a.prefix_tokens)
+    questions = [json.loads(ln)["prompt"] for ln in (ROOT / "bench" / "data" / "gsm8k.jsonl").read_text().splitlines()]
+    shared = [chat_ids(tok, [{"role": "system", "content": sys_text}, {"role": "user", "content": q}])
+              for q in (questions * (a.requests // len(questions) + 1))[: a.requests]]
+    workloads = [("mixed", mixed, a.concurrency)] + ([("shared-prefix", shared, a.prefix_concurrency)]
+                                                      if a.prefix_concurrency else [])
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     logs = Path(tempfile.mkdtemp(prefix="jetflow-bench-"))  # server logs stay out of the results folder
-    results = []
-    bar = tqdm(total=len(configs) * len(a.concurrency), desc="bench", unit="level")
-    for name, args, env in configs:
-        srv = Server(model, ["--dtype", a.dtype, *args], logs / f"{name}.log", env=env)
+    results, failures = [], {}
+    levels = sum(len(c) for _, _, c in workloads)
+    bar = tqdm(total=len(a.configs) * levels, desc="bench", unit="level")
+    common = ["--dtype", a.dtype, "--max-total-tokens", str(a.max_total_tokens),
+              "--max-running-requests", str(max(a.concurrency + a.prefix_concurrency))]
+    for name in a.configs:
+        args, env = config_args(name, head, drafter)
+        srv = Server(model, [*common, *args], logs / f"{name}.log", env=env)
         try:
             srv.wait_ready()
-            srv.post("/v1/chat/completions", {"model": "default", "messages": [{"role": "user", "content": "hi"}],
-                                              "max_tokens": 4})  # warm-up
-            for c in a.concurrency:
-                bar.set_postfix_str(f"{name} c={c}")
-                row = {"config": name, **run_level(srv, prompts, c, a.max_tokens)}
-                results.append(row)
-                bar.update(1)
+        except (RuntimeError, TimeoutError) as e:
+            failures[name] = str(e).strip().splitlines()[-1][:300] + f" (server log: {srv.log})"
+            srv.stop()
+            bar.update(levels)
+            continue
+        try:
+            stream_one(srv.url, mixed[0], 4)  # warm-up
+            for wname, prompts, levels_c in workloads:
+                for c in levels_c:
+                    bar.set_postfix_str(f"{name} {wname} c={c}")
+                    requests.post(srv.url + "/flush_cache", timeout=60)  # every level starts cold
+                    row = {"config": name, "workload": wname, **run_level(srv, prompts, c, a.max_tokens)}
+                    row["server"] = server_state(srv)
+                    results.append(row)
+                    bar.update(1)
         finally:
             srv.stop()
     bar.close()
-    meta = {"model": model, "head": head, "drafter": drafter, "dtype": a.dtype, "max_tokens": a.max_tokens,
-            "requests_per_level": len(prompts), "machine": f"{platform.machine()}, {os.cpu_count()} cores, CPU",
+    meta = {"command": " ".join(["python", "scripts/bench_serving.py", *(argv if argv is not None else sys.argv[1:])]),
+            "model": model, "head": head, "drafter": drafter, "dtype": a.dtype, "max_tokens": a.max_tokens,
+            "requests_per_level": a.requests, "prefix_tokens": a.prefix_tokens,
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or 'CPU'}",
             "sglang": _version("sglang"), "torch": _version("torch"), "date": time.strftime("%Y-%m-%d %H:%M")}
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
-    base = {r["concurrency"]: r["output_tok_per_s"] for r in results if r["config"] == "baseline"}
-    lines = [f"# SGLang serving: JETFLOW vs no speculation ({meta['date']})", "",
-             f"model `{model}`, head `{head}`, drafter `{drafter}`, dtype {a.dtype}, {len(prompts)} chat requests "
-             f"per level, max_tokens {a.max_tokens}, greedy; {meta['machine']}; sglang {meta['sglang']}.", "",
-             "| config | concurrency | output tok/s | speedup | latency mean (s) | p50 | max | accept len |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        sp = r["output_tok_per_s"] / base[r["concurrency"]] if base.get(r["concurrency"]) else float("nan")
-        acc = r["accept_length"]
-        lines.append(f"| {r['config']} | {r['concurrency']} | {r['output_tok_per_s']:.1f} | {sp:.2f}x | "
-                     f"{r['latency_mean_s']:.2f} | {r['latency_p50_s']:.2f} | {r['latency_max_s']:.2f} | "
-                     f"{'-' if acc is None else f'{acc:.2f}'} |")
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    print(write_report(out, meta, results, failures))
     return 0
-
-
-def _ids(x) -> list[int]:
-    return list(x["input_ids"] if hasattr(x, "keys") else x)
 
 
 def _version(name: str) -> str:

@@ -100,8 +100,9 @@ class JetFlowWorker(BaseSpecWorker):
         self.head = self._load_head() if self.cfg.needs_head else None
         if self.head is None and self.cfg.drafter not in ("ngram", "ar"):
             raise ValueError(f"JETFLOW drafter {self.cfg.drafter!r} needs a head")
-        if self.head is not None and self.cfg.drafter not in BATCHED_HEAD_DRAFTERS:
-            raise ValueError(f"JETFLOW_DRAFTER={self.cfg.drafter} is not available in the batched server; "
+        self.drafter_name = self._drafter_name()
+        if self.head is not None and self.drafter_name not in BATCHED_HEAD_DRAFTERS:
+            raise ValueError(f"JETFLOW_DRAFTER={self.drafter_name} is not available in the batched server; "
                              f"use one of {', '.join(BATCHED_HEAD_DRAFTERS)}")
         self.host_drafter = None
         if self.head is None:
@@ -143,6 +144,20 @@ class JetFlowWorker(BaseSpecWorker):
         model.set_dflash_layers_to_capture(taps)
         return head
 
+    def _drafter_name(self) -> str:
+        """The drafter for this head: the configured one, checked against the head's kind (a causal head drafts with
+        jetflow, a bidirectional one with ddtree/dflash); the default follows the head."""
+        if self.head is None:
+            return self.cfg.drafter
+        from ..head import HeadMismatchError, drafter_for
+
+        try:
+            return drafter_for(self.head.config, self.cfg.drafter)
+        except HeadMismatchError:
+            if self.cfg.drafter != "jetflow":  # an explicit choice that does not fit the head
+                raise
+            return drafter_for(self.head.config, None)
+
     def _load_head_local(self):
         import types
 
@@ -166,12 +181,11 @@ class JetFlowWorker(BaseSpecWorker):
         return max(1, min(d, self.n - 1)) if self.n > 1 else 1
 
     def _make_budget(self):
+        """`auto`: every step picks a budget in {0, 1, 2, 4, ..., max} (0 and 1: plain decoding, no head forward)."""
         from ..budget import AdaptiveBudget
 
-        try:
-            return AdaptiveBudget(max_budget=self.n, allow_zero=True)
-        except TypeError:  # an AdaptiveBudget without budget 0
-            return AdaptiveBudget(max_budget=self.n)
+        prior = getattr(self.cfg, "cost_prior", None)  # {verified tokens: seconds}, JETFLOW_COST_PRIOR (config.py)
+        return AdaptiveBudget(max_budget=self.n, allow_zero=True, cost_prior=prior)
 
     # -- BaseSpecWorker plumbing ------------------------------------------------------------------------------
     def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None):
@@ -189,7 +203,10 @@ class JetFlowWorker(BaseSpecWorker):
         pass
 
     def jetflow_server_info(self) -> dict:
-        return self.stats.snapshot(self.pool)
+        out = self.stats.snapshot(self.pool)
+        if self.pool is not None:  # head rows in use = target slots in use (running requests + radix cache)
+            out["head_pool_used"] = int(self.pool.size - 1 - self.token_to_kv_pool_allocator.available_size())
+        return out
 
     # -- one scheduler step ------------------------------------------------------------------------------------
     def forward_batch_generation(self, batch, on_publish=None, pp_proxy_tensors=None) -> GenerationBatchResult:
@@ -198,15 +215,50 @@ class JetFlowWorker(BaseSpecWorker):
         t0 = time.perf_counter()
         bs = len(batch.reqs)
         budget = broadcast_object_from_rank0(self.adaptive.choose(bs)) if self.adaptive else self.n
+        budget = min(budget, self._reserved(batch))
         tree = self._draft(batch, budget)
         broadcast_from_rank0([tree.tokens, tree.parents, tree.depths, tree.sizes])  # TP ranks verify one tree
+        _sync(self.device)
+        t1 = time.perf_counter()
         out, res = self._verify(batch, tree)
         path, bonus = self._accept(batch, tree, out.next_token_logits)
         broadcast_from_rank0([path, bonus])  # ... and accept one path
         result = self._commit(batch, tree, out, res, path, bonus, on_publish)
+        self._fit_reserve(batch, result.new_seq_lens)
         _sync(self.device)
-        self._observe(tree, path, bs, budget, time.perf_counter() - t0)
+        self._observe(path, bs, budget, draft_s=t1 - t0, verify_s=time.perf_counter() - t1)
         return result
+
+    def _fit_reserve(self, batch, new_seq_lens) -> None:
+        """Near a full KV pool, lower the draft tokens SGLang reserves per request for the next step (2x, see
+        eagle_prepare_for_decode), down to 1 (plain decoding), instead of letting the scheduler fail with "out of
+        memory even after retracting"; raise it back when there is room. The per-step budget follows (_reserved)."""
+        from sglang.srt.runtime_context import get_spec
+
+        alloc = self.token_to_kv_pool_allocator
+        free = alloc.available_size()
+        cache = getattr(batch, "tree_cache", None)
+        if cache is not None and hasattr(cache, "evictable_size"):
+            free += cache.evictable_size()
+        lens = new_seq_lens.tolist()
+        allocated = [r.kv.kv_allocated_len for r in batch.reqs]
+        need = lambda k: sum(max(0, n + 2 * k - a) for n, a in zip(lens, allocated))  # noqa: E731
+        k = self.n
+        while k > 1 and need(k) > free:
+            k = max(1, k // 2)
+        if k != getattr(self, "_reserve_k", self.n):
+            bag = get_spec()
+            for name in ("speculative_num_draft_tokens", "max_speculative_num_draft_tokens"):
+                if name in bag:
+                    bag._set(name, k)  # the value SGLang's decode reservation reads (no public setter in 0.5.23)
+            logger.info("JETFLOW: KV pool %s; reserving %d draft tokens per request", "tight" if k < self.n else
+                        "has room again", k)
+            self._reserve_k = k
+
+    def _reserved(self, batch) -> int:
+        """KV slots SGLang reserved past every request's committed tokens this step (a near-full pool may leave
+        fewer than the budget): the tree may not be larger."""
+        return max(1, min((r.kv.kv_allocated_len - r.kv.kv_committed_len for r in batch.reqs), default=self.n))
 
     @torch.no_grad()
     def _prefill(self, batch, on_publish, pp_proxy_tensors) -> GenerationBatchResult:
@@ -250,7 +302,7 @@ class JetFlowWorker(BaseSpecWorker):
         if self.head is None:
             return self._draft_host(batch, anchors, budget)
         toks, lps = self._head_topk(batch, anchors)
-        if self.cfg.drafter == "dflash":  # the head's argmax chain
+        if self.drafter_name == "dflash":  # the head's argmax chain
             toks, lps = toks[:, :, :1], lps[:, :, :1]
         return build_topb(anchors, toks, lps, budget)
 
@@ -317,7 +369,7 @@ class JetFlowWorker(BaseSpecWorker):
     def _accept(self, batch, tree: TreeBatch, logits):
         bs, n = tree.tokens.shape
         info = batch.sampling_info
-        logits = self.penalties.apply(logits, info, tree)
+        logits = self.penalties.apply(logits, batch, tree)
         if batch.has_grammar:
             logits = self._grammar(batch, tree, logits)
         depth = min(tree.depth_bound, n - 1)
@@ -348,8 +400,7 @@ class JetFlowWorker(BaseSpecWorker):
     @torch.no_grad()
     def _commit(self, batch, tree: TreeBatch, out, res, path, bonus, on_publish) -> GenerationBatchResult:
         bs, n = tree.tokens.shape
-        predict, accept_index, accept_lens, emitted = to_sglang(tree.tokens, path, bonus, n)
-        self.penalties.commit(batch.sampling_info, emitted, accept_lens)
+        predict, accept_index, accept_lens, _ = to_sglang(tree.tokens, path, bonus, n)
         move_accept_tokens_to_target_kvcache(batch, accept_index, accept_lens - 1, self.token_to_kv_pool_allocator)
         if self.pool is not None:  # head rows for every window slot; rows past the accepted ones are rewritten later
             cols = torch.arange(n, device=self.device)[None]
@@ -376,11 +427,10 @@ class JetFlowWorker(BaseSpecWorker):
             next_draft_input=self._carry(new_seq_lens, accept_tokens, accept_lens, n),
             speculative_num_draft_tokens=n)
 
-    def _observe(self, tree: TreeBatch, path, bs: int, budget: int, round_s: float) -> None:
-        """Bookkeeping on the host after the round: statistics and the adaptive budget."""
+    def _observe(self, path, bs: int, budget: int, draft_s: float, verify_s: float) -> None:
+        """Bookkeeping on the host after the round: statistics and the adaptive budget (device-synchronised times of
+        the draft and of verify + accept + commit)."""
         lens = (path >= 0).sum(1)
-        self.stats.record(budget, bs, float(lens.float().mean()), round_s)
+        self.stats.record(budget, bs, float(lens.float().mean()), draft_s + verify_s)
         if self.adaptive is not None:
-            paths = path.tolist()
-            for p in paths:
-                self.adaptive.observe([x for x in p if x >= 0], max(budget, 1), bs, verify_s=round_s / bs)
+            self.adaptive.observe_batch(path, budget, verify_s=verify_s, draft_s=draft_s)

@@ -38,12 +38,10 @@ def servers(models, tmp_path_factory):
     logs = tmp_path_factory.mktemp("sgl_logs")
     spec = Server(target, ["--dtype", "float32", "--speculative-algorithm", "JETFLOW",
                            "--speculative-draft-model-path", head, "--speculative-num-draft-tokens", "6",
-                           "--chunked-prefill-size", "64"],  # long prompts arrive in chunks: taps must add up
-                  logs / "jetflow.log",
-                  # the tree size adapts per round (<= 6) to acceptance and batch size; output must not change.
-                  # The default-model tests run a fixed budget.
-                  env={"JETFLOW_BUDGET": "auto"})
-    plain = Server(target, ["--dtype", "float32"], logs / "plain.log")
+                           "--chunked-prefill-size", "64",  # long prompts arrive in chunks: head rows must add up
+                           "--max-running-requests", "8"],  # the radix cache stays on (SGLang's default)
+                  logs / "jetflow.log")  # a fixed budget: accept lengths are deterministic (auto: test_sglang_serving)
+    plain = Server(target, ["--dtype", "float32", "--max-running-requests", "8"], logs / "plain.log")
     try:
         yield spec.wait_ready(), plain.wait_ready()
     finally:
@@ -111,16 +109,119 @@ def _mixed_requests(tok):
 
 
 def test_eight_concurrent_requests_match_plain(servers, tok):
+    """8 greedy requests (lengths, stop strings, stop ids) in flight with 4 sampled ones, radix cache on."""
     spec, plain = servers
     reqs = _mixed_requests(tok)
-    with cf.ThreadPoolExecutor(8) as pool:
-        a = list(pool.map(lambda r: spec.generate(**r), reqs))
+    sampled = [dict(text=PROMPTS[i] + " and then", sampling_params={"max_new_tokens": 20, "temperature": 0.8,
+                                                                   "top_p": 0.9, "ignore_eos": True})
+               for i in range(4)]
+    with cf.ThreadPoolExecutor(12) as pool:
+        a = list(pool.map(lambda r: spec.generate(**r), reqs + sampled))
     b = [plain.generate(**r) for r in reqs]
     for r, x, y in zip(reqs, a, b):
         assert x["text"] == y["text"], r
         assert x["output_ids"] == y["output_ids"], r
         assert x["meta_info"]["finish_reason"] == y["meta_info"]["finish_reason"], r
         assert len(x["output_ids"]) <= r["sampling_params"]["max_new_tokens"]
+    for x in a[8:]:
+        assert len(x["output_ids"]) == 20 and all(0 <= t < len(tok) for t in x["output_ids"])
+
+
+def test_radix_hit_reuses_the_head_rows(servers, tok):
+    """Two requests share a 300-token prefix: the second is served from the radix cache (target and head rows) and
+    matches its cold-cache run token for token, with the very same drafts (same verify count)."""
+    spec, plain = servers
+    prefix = tok((" ".join(PROMPTS) + " ") * 12).input_ids[:300]
+    first, second = prefix + tok(" once more").input_ids, prefix + tok(" the end").input_ids
+    body = lambda ids: dict(input_ids=ids, sampling_params={"max_new_tokens": 24, "temperature": 0,  # noqa: E731
+                                                            "ignore_eos": True})
+    assert requests.post(spec.url + "/flush_cache", timeout=60).ok
+    cold = spec.generate(**body(second))
+    assert requests.post(spec.url + "/flush_cache", timeout=60).ok
+    spec.generate(**body(first))
+    warm = spec.generate(**body(second))
+    assert cold["meta_info"]["cached_tokens"] == 0
+    assert warm["meta_info"]["cached_tokens"] >= 256
+    assert warm["output_ids"] == cold["output_ids"] == plain.generate(**body(second))["output_ids"]
+    # garbage head rows for the cached prefix would change the drafts, hence the number of verify rounds
+    assert warm["meta_info"]["spec_verify_ct"] == cold["meta_info"]["spec_verify_ct"]
+
+
+def _jetflow_state(srv) -> dict:
+    return requests.get(srv.url + "/server_info", timeout=30).json()["internal_states"][0]["jetflow"]
+
+
+def _rss_mib(srv) -> float:
+    import psutil
+
+    procs = [psutil.Process(srv.proc.pid)] + psutil.Process(srv.proc.pid).children(recursive=True)
+    return sum(p.memory_info().rss for p in procs if p.is_running()) / 2**20
+
+
+def test_memory_returns_to_baseline_over_50_requests(servers, tok):
+    spec, _ = servers
+    assert requests.post(spec.url + "/flush_cache", timeout=60).ok
+    base = _jetflow_state(spec)
+    assert base["head_pool_slots"] > 4096 and base["head_pool_bytes"] > 0
+    reqs = [dict(text=PROMPTS[i % 4] + " " + "x y " * (i % 7), sampling_params={"max_new_tokens": 12 + i % 5,
+                                                                              "temperature": 0})
+            for i in range(50)]
+    with cf.ThreadPoolExecutor(6) as pool:
+        list(pool.map(lambda r: spec.generate(**r), reqs[:10]))
+        rss_10 = _rss_mib(spec)
+        list(pool.map(lambda r: spec.generate(**r), reqs[10:]))
+    rss_50 = _rss_mib(spec)
+    assert requests.post(spec.url + "/flush_cache", timeout=60).ok
+    after = _jetflow_state(spec)
+    assert after["head_pool_used"] == base["head_pool_used"], (base, after)
+    assert after["head_pool_bytes"] == base["head_pool_bytes"]  # nothing grows outside the pool
+    assert rss_50 - rss_10 < 150, (rss_10, rss_50)
+
+
+def test_step_stats_in_server_info(servers):
+    spec, _ = servers
+    state = _jetflow_state(spec)
+    assert state["steps"] > 0 and state["last_budget"] == 6
+    assert all(1.0 <= a <= 6 for a in state["recent_accept_lens"])
+
+
+class _SGLangPenalties:
+    """SGLang's penalties (penaltylib) as an HF logits processor: counts over the generated tokens only."""
+
+    def __init__(self, prompt_len: int, frequency=0.0, presence=0.0, repetition=1.0):
+        self.n, self.f, self.p, self.r = prompt_len, frequency, presence, repetition
+
+    def __call__(self, input_ids, scores):
+        out = input_ids[:, self.n:]
+        counts = torch.zeros_like(scores).scatter_add_(1, out, torch.ones_like(out, dtype=scores.dtype))
+        scores = scores - self.f * counts - self.p * (counts > 0).to(scores.dtype)
+        if self.r != 1.0:
+            s = torch.where(counts > 0, torch.full_like(scores, self.r), torch.ones_like(scores))
+            scores = torch.where(scores < 0, scores * s, scores / s)
+        return scores
+
+
+@pytest.mark.parametrize("pen", [{"frequency_penalty": 1.5}, {"presence_penalty": 1.2},
+                                 {"repetition_penalty": 1.6}, {"frequency_penalty": 0.7, "presence_penalty": 0.5}])
+def test_penalties_per_path_match_hf_and_plain(servers, models, tok, pen):
+    from transformers import AutoModelForCausalLM
+
+    spec, _ = servers
+    ids = tok("the cat the cat the cat the").input_ids
+    body = dict(input_ids=ids, sampling_params={"max_new_tokens": 32, "temperature": 0, "ignore_eos": True, **pen})
+    a = spec.generate(**body)
+    model = AutoModelForCausalLM.from_pretrained(models[0], dtype=torch.float32).eval()
+    proc = _SGLangPenalties(len(ids), pen.get("frequency_penalty", 0.0), pen.get("presence_penalty", 0.0),
+                            pen.get("repetition_penalty", 1.0))
+    seq = torch.tensor([ids])
+    with torch.no_grad():  # HF forward + the processor, argmax (generate's min_new_tokens would touch EOS)
+        for _ in range(32):
+            nxt = proc(seq, model(seq).logits[:, -1].float()).argmax(-1, keepdim=True)
+            seq = torch.cat([seq, nxt], 1)
+    ref = seq[0, len(ids):].tolist()
+    # (not compared with the plain server: with its overlap scheduler on, SGLang counts each token one step late)
+    assert a["output_ids"] == ref
+    assert a["meta_info"]["spec_verify_ct"] < 32  # drafts were accepted, so paths really carried penalties
 
 
 def test_sampling_runs_and_respects_limits(servers):

@@ -1,0 +1,78 @@
+"""Penalties per tree path (jetflow_sglang.sglang.penalties) against a brute-force walk of every node's path (the
+request's output tokens + the drafted tokens on the node's path). The server-level check against HF is in
+test_sglang_server.py (test_penalties_per_path_match_hf_and_plain)."""
+from __future__ import annotations
+
+import os
+import types
+
+import pytest
+import torch
+
+if os.environ.get("JETFLOW_SKIP_SGLANG") == "1":
+    pytest.skip("SGLang not installed", allow_module_level=True)
+
+from jetflow_sglang.sglang.penalties import PathPenalties  # noqa: E402
+from jetflow_sglang.tree import DraftTree  # noqa: E402
+from jetflow_sglang.tree_batch import TreeBatch  # noqa: E402
+
+V = 12
+STOP = 11
+
+
+def _batch(committed: list[list[int]], freq, pres, rep, min_new):
+    """A ScheduleBatch stand-in: requests with output_ids and sampling params, and SGLang's stop-token penalties."""
+    reqs = [types.SimpleNamespace(output_ids=list(c), sampling_params=types.SimpleNamespace(
+        frequency_penalty=f, presence_penalty=p, repetition_penalty=r, min_new_tokens=m))
+        for c, f, p, r, m in zip(committed, freq, pres, rep, min_new)]
+    stop = torch.zeros(len(reqs), V)
+    stop[:, STOP] = float("-inf")
+    mnt = types.SimpleNamespace(_is_prepared=True, stop_token_penalties=stop)
+    orch = types.SimpleNamespace(is_required=True, penalizers={"min_new_tokens": mnt})
+    info = types.SimpleNamespace(penalizer_orchestrator=orch, logit_bias=None)
+    return types.SimpleNamespace(reqs=reqs, sampling_info=info)
+
+
+def _reference(logits, committed, tree: DraftTree, f, p, r, min_new, stop_id=STOP):
+    out = logits.clone()
+    for node in range(len(tree)):
+        path = [tree.tokens[i] for i in tree.path_to(node)[1:]]
+        seen = committed + path
+        row = out[node]
+        for t in set(seen):
+            row[t] -= f * seen.count(t) + p
+        if len(committed) + tree.depths[node] < min_new:
+            row[stop_id] = float("-inf")
+        for t in set(seen):
+            row[t] = row[t] * r if row[t] < 0 else row[t] / r
+    return out
+
+
+def _trees():
+    a = DraftTree.root(3)
+    x = a.add(5, 0, -0.1)
+    a.add(3, x, -0.2)
+    y = a.add(7, 0, -0.3)
+    a.add(5, y, -0.4)
+    b = DraftTree.root(1)
+    b.add(1, 0, -0.1)
+    return [a, b]
+
+
+def test_every_node_is_penalised_with_its_own_path():
+    torch.manual_seed(0)
+    trees = _trees()
+    committed = [[3, 4, 4], [1]]
+    f, p, r, mn = [0.5, 1.0], [0.3, 0.0], [1.3, 1.7], [5, 0]
+    tb = TreeBatch.from_trees(trees, budget=6)
+    logits = torch.randn(2 * 6, V) * 3
+    got = PathPenalties().apply(logits, _batch(committed, f, p, r, mn), tb).view(2, 6, V)
+    for i, t in enumerate(trees):
+        ref = _reference(logits.view(2, 6, V)[i, :len(t)], committed[i], t, f[i], p[i], r[i], mn[i])
+        torch.testing.assert_close(got[i, :len(t)], ref)
+
+
+def test_no_penalties_no_copy():
+    tb = TreeBatch.from_trees(_trees(), budget=6)
+    logits = torch.randn(12, V)
+    assert PathPenalties().apply(logits, _batch([[3], [1]], [0.0] * 2, [0.0] * 2, [1.0] * 2, [0, 0]), tb) is logits

@@ -1,0 +1,92 @@
+"""JETFLOW serving behaviour on a real CPU server: `auto` falls back to plain decoding when speculation cannot pay,
+and a nearly full KV pool shrinks the tree (down to plain decoding) instead of failing.
+
+One JETFLOW server (auto, a cost prior that makes every tree look expensive, a 4096-token KV pool, a context longer
+than the pool) and one plain server with the same pool."""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from sgl_fixtures import build_tiny_head, build_tiny_qwen3, hf_greedy  # noqa: E402
+from sgl_server import Server  # noqa: E402
+
+torch.set_num_threads(1)
+if os.environ.get("JETFLOW_SKIP_SGLANG") != "1":
+    import sglang  # noqa: F401
+
+pytestmark = pytest.mark.slow
+# verified tokens -> seconds: a tree of 2+ nodes per request costs 50x a plain step, so no budget >= 2 can pay
+EXPENSIVE_TREES = {1: 0.001, 2: 0.05, 64: 1.6, 256: 6.4}
+POOL = ["--max-total-tokens", "4096", "--context-length", "4400"]
+LONG_ENV = {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}  # the tiny model says 512 positions; RoPE has no limit
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sgl_models")
+    target = build_tiny_qwen3(root / "tiny-qwen3")
+    return str(target), str(build_tiny_head(target, root / "tiny-head"))
+
+
+@pytest.fixture(scope="module")
+def servers(models, tmp_path_factory):
+    target, head = models
+    logs = tmp_path_factory.mktemp("sgl_logs")
+    spec = Server(target, ["--dtype", "float32", "--speculative-algorithm", "JETFLOW", "--speculative-draft-model-path",
+                           head, "--speculative-num-draft-tokens", "8", *POOL],
+                  logs / "jetflow.log", env={"JETFLOW_BUDGET": "auto", "JETFLOW_COST_PRIOR": json.dumps(EXPENSIVE_TREES),
+                                             **LONG_ENV})
+    plain = Server(target, ["--dtype", "float32", *POOL], logs / "plain.log", env=LONG_ENV)
+    try:
+        yield spec.wait_ready(), plain.wait_ready()
+    finally:
+        spec.stop()
+        plain.stop()
+
+
+def _state(srv) -> dict:
+    return requests.get(srv.url + "/server_info", timeout=30).json()["internal_states"][0]["jetflow"]
+
+
+def test_auto_falls_back_to_plain_decoding(servers, models):
+    spec, _ = servers
+    before = _state(spec)
+    prompts = [[5 + i, 17, 42, 99, 3 * i + 1] for i in range(4)]
+    body = lambda ids: dict(input_ids=ids, sampling_params={"max_new_tokens": 24, "temperature": 0,  # noqa: E731
+                                                            "ignore_eos": True})
+    with cf.ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(lambda ids: spec.generate(**body(ids)), prompts))
+    after = _state(spec)
+    plain_steps = after["plain_steps"] - before["plain_steps"]
+    steps = after["steps"] - before["steps"]
+    assert steps > 0 and plain_steps >= steps // 2, after  # the warm-up rounds may try a tree, then it stays plain
+    assert after["recent_budgets"][-1] <= 1
+    assert all(b <= 1 for b in after["recent_budgets"][-4:]), after["recent_budgets"]
+    for ids, out in zip(prompts, outs):
+        assert out["output_ids"] == hf_greedy(models[0], ids, 24, stop_at_eos=False)
+
+
+def test_nearly_full_pool_shrinks_the_tree_instead_of_failing(servers):
+    """A 4001-token prompt asking for 200 tokens in a 4096-token pool: JETFLOW returns what the plain server
+    returns (it stops where the pool ends) instead of a 500 'out of memory even after retracting'."""
+    spec, plain = servers
+    ids = [(7 * i) % 300 + 20 for i in range(4001)]
+    body = dict(input_ids=ids, sampling_params={"max_new_tokens": 200, "temperature": 0, "ignore_eos": True})
+    b = plain.post("/generate", body)
+    a = spec.post("/generate", body)
+    assert a.status_code == b.status_code, (a.status_code, a.text[:300], b.status_code)
+    if b.ok:
+        assert a.json()["output_ids"] == b.json()["output_ids"]
+        assert a.json()["meta_info"]["finish_reason"] == b.json()["meta_info"]["finish_reason"]
+    assert requests.get(spec.url + "/health", timeout=30).ok
+    ok = spec.generate(input_ids=[5, 6, 7], sampling_params={"max_new_tokens": 8, "temperature": 0})
+    assert len(ok["output_ids"]) >= 1
