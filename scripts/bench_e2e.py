@@ -1,0 +1,298 @@
+"""End-to-end speed on GSM8K, MATH-500, HumanEval and MT-Bench: JetFlow against Hugging Face `generate`, greedy.
+
+    python scripts/bench_e2e.py          # the issue's setting: 4 sets x 3 prompts, 128 new tokens, bf16, 2 threads
+    python scripts/bench_e2e.py --sets gsm8k --limit 1 --max-new-tokens 16     # a smoke run
+
+Everything runs in one process on one loaded model, interleaved per prompt (the method order rotates from prompt to
+prompt, so drifting machine load hits every method alike), after one untimed warm-up run of each method:
+  hf-ar                HF `generate`, greedy (the reference speed)
+  hf-prompt-lookup     HF `generate` with prompt_lookup_num_tokens=10
+  ar                   this project's plain decoding (engine.autoregressive)
+  jetflow B=16, B=32   exact top-B trees        jetflow paper B=16   the paper's eager tree
+  jetflow-branch B=16  branch-conditioned       ngram B=16           prompt lookup through the tree engine
+  jetflow auto         --budget auto (AdaptiveBudget from a measured verify-cost prior)
+Speedups are total tokens / total seconds per set, against hf-ar, hf-prompt-lookup and ar. Also reported: whether
+each output is identical to HF greedy and to our AR, the draft share of the round at B=16 (Round.draft_s over
+draft_s + verify_s, as the engine times them), the budgets `auto` chose, and the batched tree builder's time
+(tree_batch.build_topb, batch 8, B=256). Writes bench/results/e2e.{json,md,png} (or e2e_<tag>.*).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_tau import build_drafter, load_prompts  # noqa: E402
+from jetflow_sglang.budget import _cpu_model  # noqa: E402
+from jetflow_sglang.drafters import make_drafter  # noqa: E402
+from jetflow_sglang.engine import autoregressive, run  # noqa: E402
+
+try:
+    from jetflow_sglang.stack import load_stack  # noqa: E402
+except ImportError:  # before stack.py lands
+    from jetflow_sglang.cli import load_stack  # noqa: E402
+
+SETS = ("gsm8k", "math500", "humaneval", "mtbench")
+# (label, kind, drafter, tree builder, budget)
+METHODS = [
+    ("hf-ar", "hf", None, None, 0),
+    ("hf-prompt-lookup", "hf", None, None, 10),
+    ("ar", "ar", None, None, 1),
+    ("jetflow B=16", "spec", "jetflow", "exact", 16),
+    ("jetflow B=32", "spec", "jetflow", "exact", 32),
+    ("jetflow paper B=16", "spec", "jetflow", "paper", 16),
+    ("jetflow-branch B=16", "spec", "jetflow-branch", "exact", 16),
+    ("ngram B=16", "spec", "ngram", "exact", 16),
+    ("jetflow auto", "spec", "jetflow", "exact", "auto"),
+]
+BASELINES = ("hf-ar", "hf-prompt-lookup", "ar")
+
+
+def sync(target) -> None:
+    if target.device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+@torch.no_grad()
+def hf_generate(target, prompt: list[int], max_new: int, lookup: int) -> tuple[list[int], float]:
+    """HF `generate`, greedy; lookup > 0 turns on prompt-lookup decoding with that many tokens."""
+    eos = sorted(target.eos_ids())
+    ids = torch.tensor([prompt], device=target.device)
+    kw = dict(max_new_tokens=max_new, do_sample=False, eos_token_id=eos or None, pad_token_id=eos[0] if eos else 0,
+              attention_mask=torch.ones_like(ids), temperature=None, top_p=None, top_k=None)
+    if lookup:
+        kw["prompt_lookup_num_tokens"] = lookup
+    sync(target)
+    t0 = time.perf_counter()
+    out = target.model.generate(ids, **kw)
+    sync(target)
+    return out[0, len(prompt):].tolist(), time.perf_counter() - t0
+
+
+def run_method(method, target, drafters, prompt: list[int], max_new: int) -> dict:
+    label, kind, name, tree, budget = method
+    eos = target.eos_ids()
+    if kind == "hf":
+        tokens, secs = hf_generate(target, prompt, max_new, budget)
+        return {"tokens": tokens, "seconds": secs}
+    if kind == "ar":
+        res = autoregressive(target, prompt, max_new_tokens=max_new, eos_ids=eos)
+        return {"tokens": res.tokens, "seconds": res.elapsed_s}
+    res = run(target, drafters[(name, tree)], prompt, max_new_tokens=max_new, budget=budget, eos_ids=eos)
+    spec = [r for r in res.rounds if r.tree is not None]
+    return {"tokens": res.tokens, "seconds": res.elapsed_s, "tau": res.tau, "steps": res.steps,
+            "draft_s": sum(r.draft_s for r in spec), "verify_s": sum(r.verify_s for r in spec),
+            "budgets": [len(r.tree) for r in spec]}
+
+
+def time_builder(batch: int = 8, budget: int = 256, depth: int = 16, width: int = 8, reps: int = 30) -> dict | None:
+    """ms of tree_batch.build_topb for `batch` requests at `budget` (min and median of reps); None if not there."""
+    try:
+        from jetflow_sglang.tree_batch import build_topb
+    except ImportError:
+        return None
+    gen = torch.Generator().manual_seed(0)
+    logps = torch.rand(batch, depth, width, generator=gen).log().sort(-1, descending=True).values
+    tokens = torch.randint(0, 1000, (batch, depth, width), generator=gen)
+    anchor = torch.randint(0, 1000, (batch,), generator=gen)
+    build_topb(anchor, tokens, logps, budget)  # warm-up
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        build_topb(anchor, tokens, logps, budget)
+        times.append((time.perf_counter() - t0) * 1000)
+    times.sort()
+    return {"batch": batch, "budget": budget, "depth": depth, "width": width, "min_ms": times[0],
+            "median_ms": times[len(times) // 2]}
+
+
+def summarize(records: list[dict], sets: list[str]) -> dict:
+    """Per set and over all: tok/s per method, speedups against the baselines, tau, identity, draft share."""
+    out = {}
+    for ds in list(sets) + ["all"]:
+        rows = [r for r in records if ds == "all" or r["dataset"] == ds]
+        by = collections.defaultdict(list)
+        for r in rows:
+            by[r["method"]].append(r)
+        tps = {m: sum(len(r["tokens"]) for r in rs) / max(1e-9, sum(r["seconds"] for r in rs)) for m, rs in by.items()}
+        cell = {}
+        for m, rs in by.items():
+            c = {"tok_s": tps[m], "prompts": len(rs),
+                 "identical_to_hf": sum(r["identical_to_hf"] for r in rs), "identical_to_ar": sum(r["identical_to_ar"] for r in rs)}
+            for base in BASELINES:
+                if base in tps and tps[base] > 0:
+                    c[f"vs_{base}"] = tps[m] / tps[base]
+            if "tau" in rs[0]:
+                c["tau"] = sum(r["tau"] * r["steps"] for r in rs) / max(1, sum(r["steps"] for r in rs))
+                d, v = sum(r["draft_s"] for r in rs), sum(r["verify_s"] for r in rs)
+                c["draft_share"] = d / (d + v) if d + v > 0 else 0.0
+                c["mean_budget"] = sum(sum(r["budgets"]) for r in rs) / max(1, sum(len(r["budgets"]) for r in rs))
+            cell[m] = c
+        out[ds] = cell
+    return out
+
+
+def markdown(meta: dict, summary: dict, builder: dict | None, auto_hist: dict) -> str:
+    methods = [m[0] for m in METHODS]
+    lines = ["# End to end: JetFlow vs Hugging Face `generate` (greedy)\n",
+             f"- command: `{meta['command']}`", f"- machine: {meta['machine']}",
+             f"- date: {meta['date']}; dtype {meta['dtype']}; {meta['max_new_tokens']} new tokens; "
+             f"{meta['prompts_per_set']} prompts per set; width {meta['width']}; one process, interleaved per prompt, "
+             "one untimed warm-up per method",
+             "- speedup = total tokens / total seconds of the method over the same of the baseline, per set\n"]
+    for ds, cell in summary.items():
+        lines += [f"## {ds}\n", "| method | tok/s | vs HF AR | vs HF prompt lookup | vs own AR | tau | draft share | "
+                  "mean budget | identical to HF / own AR |", "|---|---|---|---|---|---|---|---|---|"]
+        for m in methods:
+            if m not in cell:
+                continue
+            c = cell[m]
+            f = lambda k, fmt: (fmt % c[k]) if k in c else "-"  # noqa: E731
+            share = f"{100 * c['draft_share']:.1f}%" if "draft_share" in c else "-"
+            lines.append(f"| {m} | {c['tok_s']:.2f} | {f('vs_hf-ar', '%.2fx')} | {f('vs_hf-prompt-lookup', '%.2fx')} | "
+                         f"{f('vs_ar', '%.2fx')} | {f('tau', '%.2f')} | {share} | "
+                         f"{f('mean_budget', '%.1f')} | {c['identical_to_hf']}/{c['prompts']} / "
+                         f"{c['identical_to_ar']}/{c['prompts']} |")
+        lines.append("")
+    all_ = summary.get("all", {})
+    if "jetflow B=16" in all_ and "draft_share" in all_["jetflow B=16"]:
+        lines.append(f"- draft share of the round at B=16 (all sets): {100 * all_['jetflow B=16']['draft_share']:.1f}% "
+                     "(target: <= 10%)")
+    if "jetflow auto" in all_:
+        for ds, cell in summary.items():  # fixed budgets of the same drafter: B=16, B=32, and 1 (= plain decoding)
+            fixed = {m: c["tok_s"] for m, c in cell.items() if m.startswith("jetflow B=") or m == "ar"}
+            if fixed and "jetflow auto" in cell:
+                best = max(fixed, key=fixed.get)
+                lines.append(f"- {ds}: auto / best fixed budget ({best}) = {cell['jetflow auto']['tok_s'] / fixed[best]:.2f}"
+                             f"; auto / own AR = {cell['jetflow auto'].get('vs_ar', float('nan')):.2f} (targets >= 0.90, >= 1.00)")
+        lines.append("- budgets auto chose (rounds): " + ", ".join(f"{b}: {n}" for b, n in sorted(auto_hist.items())))
+    lines.append("- batched builder (tree_batch.build_topb), batch 8 at B=256: " + (
+        f"{builder['min_ms']:.2f} ms min, {builder['median_ms']:.2f} ms median (target < 2 ms)" if builder
+        else "not available (jetflow_sglang.tree_batch missing)"))
+    return "\n".join(lines) + "\n"
+
+
+def plot(summary: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sets = [s for s in summary if s != "all"] + ["all"]
+    methods = [m[0] for m in METHODS if m[0] != "hf-ar"]
+    fig, axes = plt.subplots(1, 2, figsize=(15, 5.5))
+    width = 0.8 / len(methods)
+    for ax, base, title in ((axes[0], "hf-ar", "speedup over HF generate (greedy)"),
+                            (axes[1], "hf-prompt-lookup", "speedup over HF prompt lookup (10 tokens)")):
+        for i, m in enumerate(methods):
+            ys = [summary[s].get(m, {}).get(f"vs_{base}", 0.0) for s in sets]
+            xs = [j + (i - len(methods) / 2 + 0.5) * width for j in range(len(sets))]
+            ax.bar(xs, ys, width, label=m)
+        ax.axhline(1.0, color="black", lw=1)
+        ax.set_xticks(range(len(sets)), sets)
+        ax.set_title(title)
+        ax.set_ylabel("x (higher is faster)")
+        ax.grid(axis="y", alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(methods), fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.savefig(path, dpi=110)
+
+
+def machine_info(target) -> str:
+    import transformers
+
+    return (f"{_cpu_model()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, {platform.machine()}, "
+            f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}"
+            + (f", {torch.cuda.get_device_name()}" if target.device.type == "cuda" else ""))
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sets", default=",".join(SETS))
+    ap.add_argument("--limit", type=int, default=3, help="prompts per set")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--methods", default=",".join(m[0] for m in METHODS), help="comma-separated labels (see above)")
+    ap.add_argument("--width", type=int, default=8)
+    ap.add_argument("--head", default=None, help="draft head folder (default: the shipped head)")
+    ap.add_argument("--target", default=None, help="HF model folder (default: SmolLM2-135M-Instruct)")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--tag", default="", help="write e2e_<tag>.* instead of e2e.*")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    a = ap.parse_args(argv)
+    known = {m[0] for m in METHODS}
+    bad = [m for m in a.methods.split(",") if m not in known]
+    if bad:
+        ap.error(f"unknown method(s) {bad}; choose from {sorted(known)}")
+    bad = [s for s in a.sets.split(",") if s not in SETS]
+    if bad:
+        ap.error(f"unknown set(s) {bad}; choose from {list(SETS)}")
+    if a.limit < 1 or a.max_new_tokens < 1:
+        ap.error("--limit and --max-new-tokens must be >= 1")
+    return a
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    torch.set_num_threads(a.threads)
+    methods = [m for m in METHODS if m[0] in a.methods.split(",")]
+    sets = a.sets.split(",")
+    target, jf = load_stack(a.target, a.head, dtype=a.dtype, drafter="jetflow", width=a.width, device=a.device)
+    head = jf.head
+    drafters = {(m[2], m[3]): (make_drafter("ngram") if m[2] == "ngram" else build_drafter(m[2], head, None, a.width, m[3]))
+                for m in methods if m[1] == "spec"}
+    prompts = [(ds, target.encode_chat(p)) for ds in sets for p in load_prompts(ds, a.limit)]
+
+    for m in tqdm(methods, desc="warm-up"):  # one-time costs (allocations, auto's cost prior) stay out of the timing
+        run_method(m, target, drafters, prompts[0][1], 8)
+    records = []
+    bar = tqdm(total=len(prompts) * len(methods), desc="end to end")
+    for k, (ds, prompt) in enumerate(prompts):
+        order = methods[k % len(methods):] + methods[:k % len(methods)]  # rotate: no method always runs first
+        got = {}
+        for m in order:
+            bar.set_postfix_str(f"{ds} #{k} {m[0]}")
+            got[m[0]] = run_method(m, target, drafters, prompt, a.max_new_tokens)
+            bar.update()
+        hf_ref, ar_ref = got.get("hf-ar", {}).get("tokens"), got.get("ar", {}).get("tokens")
+        for m in methods:
+            r = got[m[0]]
+            records.append({"dataset": ds, "prompt": k, "method": m[0], **r,
+                            "identical_to_hf": hf_ref is not None and r["tokens"] == hf_ref,
+                            "identical_to_ar": ar_ref is not None and r["tokens"] == ar_ref})
+    bar.close()
+    summary = summarize(records, sets)
+    builder = time_builder()
+    auto_hist = collections.Counter(b for r in records if r["method"] == "jetflow auto" for b in r["budgets"])
+    meta = {"command": "python " + " ".join(shlex.quote(x) for x in [sys.argv[0]] + (argv if argv is not None else sys.argv[1:])),
+            "machine": machine_info(target), "date": time.strftime("%Y-%m-%d %H:%M"), "dtype": a.dtype,
+            "max_new_tokens": a.max_new_tokens, "prompts_per_set": a.limit, "width": a.width,
+            "target": str(target.config.architectures), "head": a.head or "default",
+            "head_provenance": getattr(head.config, "extra", None), "methods": [m[0] for m in methods]}
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = "e2e" + (f"_{a.tag}" if a.tag else "")
+    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "summary": summary, "builder": builder,
+                                                  "auto_budgets": dict(auto_hist), "records": records}, indent=1))
+    (out / f"{stem}.md").write_text(markdown(meta, summary, builder, auto_hist))
+    plot(summary, out / f"{stem}.png")
+    print((out / f"{stem}.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
