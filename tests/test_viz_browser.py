@@ -65,6 +65,10 @@ def build_tiny(out: Path) -> tuple[Path, Path]:
     with torch.no_grad():
         init_from_target(head, model)
     save_head(head, out / "head", dtype=torch.float32)
+    bidir = JetFlowHead(JetFlowHeadConfig.for_target(cfg, num_layers=1, causal=False, block_size=8))
+    with torch.no_grad():
+        init_from_target(bidir, model)
+    save_head(bidir, out / "head-bidir", dtype=torch.float32)
     return out / "target", out / "head"
 
 
@@ -102,18 +106,31 @@ def stop_app(proc, log):
     log.close()
 
 
+ARTEFACTS = Path(os.environ.get("JETFLOW_ARTEFACTS", Path(__file__).resolve().parent.parent / "runs" / "artefacts"))
+VIEW = {"width": 1440, "height": 900}
+
+
+def shot(page, name, full=False):
+    """A screenshot kept as a test artefact (runs/ is git-ignored; JETFLOW_ARTEFACTS overrides the folder)."""
+    ARTEFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTEFACTS / f"{name}.png"), full_page=full)
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("viz")
     target, head = build_tiny(tmp)
     results = tmp / "results"
-    results.mkdir()
+    (results / "h200").mkdir(parents=True)
     rows = [dict(dataset="gsm8k", drafter=d, budget=b, tau=1 + b ** 0.5 / k, speedup=1 + b ** 0.5 / (2 * k))
             for k, d in ((2, "jetflow"), (4, "ddtree")) for b in (1, 16, 32, 64, 128, 256)]
     (results / "tau_gsm8k.json").write_text(json.dumps(rows))
     (results / "broken.json").write_text(json.dumps([{"note": "no budget in this row"}]))
+    real = Path(__file__).resolve().parent.parent / "bench" / "results"
+    for name in ("tau.json", "h200/tau.json", "sglang_serving.json"):  # the repository's own result files
+        shutil.copy(real / name, results / name)
     yield tmp, target, head, results
-    print(f"\nexplorer screenshots: {sorted(str(p) for p in tmp.glob('*.png'))}")
+    print(f"\nexplorer screenshots: {ARTEFACTS}")
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +150,7 @@ def browser():
 
 
 def open_page(browser, url):
-    page = browser.new_page(viewport={"width": 1400, "height": 1700})
+    page = browser.new_page(viewport=VIEW, accept_downloads=True)
     page.goto(url)
     page.locator("#jf-generate").wait_for(timeout=60_000)
     return page
@@ -150,14 +167,31 @@ def set_slider(page, elem_id, value):
     box.press("Enter")
 
 
+STATS = "document.querySelector('#jf-stats').innerText"
+
+
 def generate_and_wait(page, timeout=120_000):
     page.locator("#jf-generate").click()
-    page.wait_for_function("document.querySelector('#jf-stats').innerText.startsWith('done')", timeout=timeout)
+    page.wait_for_function(f"{STATS}.startsWith('done')", timeout=timeout)
     page.wait_for_selector("#jf-tree .js-plotly-plot .scatterlayer path.point", timeout=timeout)
     return page.evaluate(NODE_TRACES)
 
 
-def test_example_prompt_draws_tree_with_accepted_path(app, browser):
+def hover_text(page, plot: str, trace: str, k: int) -> str:
+    """Move the mouse onto point k of a named trace and return plotly's hover label."""
+    page.locator(plot).scroll_into_view_if_needed()
+    box = page.evaluate("""([plot, trace, k]) => {
+        const el = document.querySelector(plot + ' .js-plotly-plot'), fl = el._fullLayout;
+        const t = el.data.find(t => t.name === trace), r = el.getBoundingClientRect();
+        return [r.x + fl.xaxis._offset + fl.xaxis.l2p(t.x[k]), r.y + fl.yaxis._offset + fl.yaxis.l2p(t.y[k])]; }""",
+                        [plot, trace, k])
+    page.mouse.move(box[0] - 3, box[1])
+    page.mouse.move(box[0], box[1])
+    page.wait_for_selector(f"{plot} .hoverlayer .hovertext", timeout=10_000)
+    return page.locator(f"{plot} .hoverlayer .hovertext").first.text_content()
+
+
+def test_live_run_target_view_diagnostics_export_and_reload(app, browser):
     url, out = app
     page = open_page(browser, url)
     assert "draft head missing" not in page.locator("#jf-banner").inner_text()
@@ -167,13 +201,62 @@ def test_example_prompt_draws_tree_with_accepted_path(app, browser):
     # JetFlow with the (random) head: a full 24-node tree each round, most of it rejected and dimmed
     set_slider(page, "jf-budget", 24)
     set_slider(page, "jf-max-tokens", 12)
-    info = generate_and_wait(page)
+    page.locator("#jf-generate").click()
+    sync_api.expect(page.locator("#jf-generate")).to_be_disabled(timeout=10_000)  # says "Running…" during a run
+    page.wait_for_function(f"{STATS}.startsWith('done')", timeout=120_000)
+    sync_api.expect(page.locator("#jf-generate")).to_be_enabled(timeout=30_000)
+    page.wait_for_selector("#jf-tree .js-plotly-plot .scatterlayer path.point", timeout=30_000)
+    info = page.evaluate(NODE_TRACES)
     assert info["nodes"] == 24, info
     assert sum(info["drawn_points"]) >= 24 + len(info["path"]), "plotly did not draw the nodes"
     assert info["path"][0] == 0 and len(info["path"]) >= 1
     assert all(info["opacity"][i] == 1 for i in info["path"])
     assert sum(o < 1 for o in info["opacity"]) == 24 - len(info["path"]), "rejected nodes are not dimmed"
-    page.screenshot(path=str(out / "explorer_jetflow.png"), full_page=True)
+    stats = page.locator("#jf-stats").inner_text()
+    for want in ("temperature 0", "max tokens 12", "stops at end-of-text", "budget 24", "over plain decoding",
+                 "τ = tokens committed per verify step"):
+        assert want in stats, (want, stats)
+    assert re.search(r"speedup [0-9.]+x", stats), stats
+
+    shot(page, "explorer_live_1440x900")
+    # the target's view on hover: its probability of the node's token and its top-5 there
+    tip = hover_text(page, "#jf-tree", "draft nodes", 1)
+    assert "target p" in tip and "target's top-5 here" in tip, tip
+    # the token the target chose instead, after the last accepted node
+    star = page.evaluate("""() => document.querySelector('#jf-tree .js-plotly-plot').data
+        .filter(t => t.name === "target's token").map(t => t.text[0])""")
+    assert len(star) == 1 and star[0].startswith("target:"), star
+    # colour by the target's probability
+    page.locator("#jf-colour").get_by_text("target p", exact=True).click()
+    page.wait_for_function("""document.querySelector('#jf-tree .js-plotly-plot').data
+        .find(t => t.name === 'draft nodes').marker.colorbar.title.text.startsWith('target')""", timeout=30_000)
+    # diagnostics under the tree, with data
+    diag = page.evaluate("""() => document.querySelector('#jf-diag .js-plotly-plot').data
+        .filter(t => t.name && t.name.includes(' · ')).map(t => [t.name, (t.y || []).filter(v => v !== null).length])""")
+    assert {n.split(" · ")[1] for n, _ in diag} == {"by depth", "by rank", "calibration"}, diag
+    assert all(k > 0 for _, k in diag), diag
+    shot(page, "explorer_live_1440x900")
+    shot(page, "explorer_live_full", full=True)
+
+    # export every round, then load the file back: same rounds, same tree
+    with page.expect_download(timeout=30_000) as dl:
+        page.locator("#jf-export").click()
+    saved = out / "exported_run.json"
+    dl.value.save_as(saved)
+    data = json.loads(saved.read_text())
+    assert data["format"] == "jetflow-explorer-run/1" and data["settings"]["budget"] == 24
+    assert len(data["rounds"]) >= 1 and all(r["target_top"]["ids"] for r in data["rounds"])
+    assert all(len(r["tree"]["tokens"]) == 24 for r in data["rounds"])
+    fresh = open_page(browser, url)
+    with fresh.expect_file_chooser() as fc:
+        fresh.locator("#jf-import").click()
+    fc.value.set_files(str(saved))
+    fresh.wait_for_function(f"{STATS}.startsWith('loaded')", timeout=30_000)
+    assert f"rounds {len(data['rounds'])}" in fresh.locator("#jf-stats").inner_text()
+    fresh.wait_for_selector("#jf-tree .js-plotly-plot .scatterlayer path.point", timeout=30_000)
+    again = fresh.evaluate(NODE_TRACES)
+    assert again["nodes"] == 24 and again["path"] == info["path"]
+    fresh.close()
 
     # n-gram prompt lookup on the tiny model's repetitive output: multi-token accepted paths, highlighted
     choose(page, "jf-drafter", "n-gram (prompt lookup)")
@@ -194,19 +277,92 @@ def test_example_prompt_draws_tree_with_accepted_path(app, browser):
     assert len(best["path"]) >= 2, f"no round accepted a draft token: {stats}"
     assert best["accepted_edges"] == len(best["path"]) - 1
     assert page.locator("#jf-text .jf-acc").count() >= 1
-    page.screenshot(path=str(out / "explorer_ngram.png"), full_page=True)
     page.close()
 
 
-def test_bad_input_shows_a_message_not_a_traceback(app, browser):
+def test_bad_input_shows_a_message_and_runs_nothing(app, browser):
     url, out = app
     page = open_page(browser, url)
     page.locator("#jf-prompt textarea").fill("   ")
     page.locator("#jf-generate").click()
-    page.wait_for_function("document.querySelector('#jf-stats').innerText.includes('The prompt is empty')",
-                           timeout=30_000)
+    page.wait_for_function(f"{STATS}.includes('The prompt is empty')", timeout=30_000)
+    page.locator("#jf-prompt textarea").fill("hello")
+    for elem, value, msg in (("jf-budget", -5, "Budget must be between 1 and"),
+                             ("jf-temperature", 50, "Temperature must be between 0 and 2"),
+                             ("jf-max-tokens", 1000000, "Max tokens must be between 1 and")):
+        set_slider(page, elem, value)
+        page.locator("#jf-generate").click()
+        page.wait_for_function(f"{STATS}.includes({json.dumps(msg)})", timeout=30_000)
+        assert page.locator(f"#{elem} input[type=number]").input_value() == str(value)  # kept, never clamped
+        set_slider(page, elem, {"jf-budget": 8, "jf-temperature": 0, "jf-max-tokens": 8}[elem])
     assert "Traceback" not in page.content()
-    page.screenshot(path=str(out / "explorer_error.png"))
+    assert page.locator("#jf-text").inner_text().strip() == ""  # nothing ran
+    shot(page, "explorer_error")
+    page.close()
+
+
+def test_side_by_side_two_drafters_and_big_trees(app, browser):
+    url, out = app
+    page = open_page(browser, url)
+    page.locator("#jf-ex-code").click()
+    sync_api.expect(page.locator("#jf-prompt textarea")).to_have_value(re.compile("prime"), timeout=30_000)
+    set_slider(page, "jf-budget", 160)
+    set_slider(page, "jf-max-tokens", 8)
+    page.get_by_role("tab", name="Side by side").click()
+    choose(page, "jf-cmp-a", "JetFlow")
+    choose(page, "jf-cmp-b", "DDTree")
+    page.locator("#jf-cmp-run").click()
+    page.wait_for_function("""() => { const s = document.querySelector('#jf-cmp-stats').innerText;
+        return s.includes('showing round') }""", timeout=120_000)
+    trees = page.evaluate("""() => ['#jf-cmp-tree-a', '#jf-cmp-tree-b'].map(id => {
+        const el = document.querySelector(id + ' .js-plotly-plot'); return el ? el.layout.title.text : null })""")
+    assert trees[0].startswith("A · round 1") and trees[1].startswith("B · round"), trees
+    stats = page.locator("#jf-cmp-stats").inner_text()
+    assert "jetflow" in stats and "ddtree" in stats and stats.count("τ") >= 2 and stats.count("tok/s") == 2
+    names = page.evaluate("""() => document.querySelector('#jf-cmp-diag .js-plotly-plot').data.map(t => t.name)""")
+    assert any("(A)" in n for n in names) and any("(B)" in n for n in names), names
+    # a 160-node tree folds its unlikely branches into "+k more" nodes that add up with the drawn ones to 160
+    folded = page.evaluate("""() => { const el = document.querySelector('#jf-cmp-tree-a .js-plotly-plot');
+        const by = {}; el.data.forEach(t => by[t.name] = t);
+        return [by['draft nodes'].customdata.length, by['collapsed'] ? by['collapsed'].customdata : []] }""")
+    assert folded[1] and folded[0] + sum(folded[1]) == 160, folded
+    shot(page, "explorer_side_by_side_1440x900")
+    page.close()
+
+
+def test_results_tab_reads_the_benchmark_files(app, browser):
+    url, out = app
+    page = open_page(browser, url)
+    page.get_by_role("tab", name="Results").click()
+    choose(page, "jf-results", "broken.json")  # a file without rows: a message, not a crash
+    page.locator("#jf-load").click()
+    page.wait_for_function("document.querySelector('#jf-res-msg').innerText.includes('no rows with a budget')",
+                           timeout=30_000)
+    colours = """() => { const el = document.querySelector('#jf-res-plot .js-plotly-plot'); const c = {};
+        el.data.filter(t => t.name).forEach(t => { const d = t.name.split(' · ')[0];
+            (c[d] = c[d] || new Set()).add(t.line.color) });
+        return {colours: Object.fromEntries(Object.entries(c).map(([k, v]) => [k, [...v]])),
+                ticks: el.layout.xaxis.tickvals, title: el.layout.title.text} }"""
+    for name, shot_name in (("tau.json", "explorer_results_cpu"), ("h200/tau.json", "explorer_results_h200")):
+        choose(page, "jf-results", name)
+        page.locator("#jf-load").click()
+        page.wait_for_function(f"document.querySelector('#jf-res-msg').innerText.includes({json.dumps(name)})",
+                               timeout=30_000)
+        got = page.evaluate(colours)
+        assert got["colours"] and all(len(v) == 1 for v in got["colours"].values()), got
+        assert len({v[0] for v in got["colours"].values()}) == len(got["colours"])  # one colour per drafter
+        want = sorted({r["budget"] for r in json.loads((Path(__file__).resolve().parent.parent / "bench" / "results"
+                                                        / name).read_text())["rows"]})
+        assert got["ticks"] == want and name in got["title"], got
+        assert "oracle" in page.locator("#jf-res-defs").inner_text()
+        cells = page.locator("#jf-res-table").inner_text()
+        assert not re.search(r"\d\.\d{3,}", cells), "unrounded numbers in the table"
+        shot(page, shot_name)
+    choose(page, "jf-results", "sglang_serving.json")
+    page.locator("#jf-load").click()
+    page.wait_for_function("document.querySelector('#jf-res-msg').innerText.includes('sglang_serving.json')",
+                           timeout=30_000)
+    shot(page, "explorer_results_serving")
     page.close()
 
 
@@ -219,28 +375,26 @@ def test_stop_and_two_tabs_keep_their_own_state(app, browser):
     choose(a, "jf-drafter", "autoregressive")
     set_slider(a, "jf-max-tokens", 1024)
     a.locator("#jf-ignore-eos input").check()  # the tiny model can reach EOS in under a second, before Stop lands
-    stats = "document.querySelector('#jf-stats').innerText"
     a.locator("#jf-generate").click()
-    a.wait_for_function(f"/rounds ([3-9]|\\d\\d+)/.test({stats})", timeout=60_000)
+    a.wait_for_function(f"/rounds ([3-9]|\\d\\d+)/.test({STATS})", timeout=60_000)
     # Stop in tab B, which runs nothing, must not stop tab A's run
     b.locator("#jf-stop").click()
     sync_api.expect(b.locator(".toast-wrap")).to_contain_text("nothing is running", timeout=30_000)
     assert a.locator("#jf-stats").inner_text().startswith("running")
     a.locator("#jf-stop").click()
-    a.wait_for_function(f"/^(stopped|done)/.test({stats})", timeout=60_000)
-    # Stop answers with a toast; once it is up the Stop event is over, and the run's final stats must still be
-    # there (Stop used to write to #jf-stats too, and its answer could land after the final update and stay)
+    a.wait_for_function(f"/^(stopped|done)/.test({STATS})", timeout=60_000)
     sync_api.expect(a.locator(".toast-wrap")).to_contain_text("stopping after this round", timeout=30_000)
     a_stats = a.locator("#jf-stats").inner_text()
     assert a_stats.startswith("stopped"), a_stats
-    assert "tokens 1024" not in a_stats
+    assert "tokens 1024" not in a_stats and "ignores end-of-text" in a_stats
     # tab B: its own run with another drafter must not leak into tab A
     assert b.locator("#jf-stats").inner_text().startswith("no rounds")
     b.locator("#jf-ex-code").click()
     choose(b, "jf-drafter", "n-gram (prompt lookup)")
     set_slider(b, "jf-max-tokens", 16)
+    b.locator("#jf-measure-ar input").uncheck()
     generate_and_wait(b)
-    assert "ngram" in b.locator("#jf-stats").inner_text()
+    assert "ngram" in b.locator("#jf-stats").inner_text() and "not measured" in b.locator("#jf-stats").inner_text()
     assert a.locator("#jf-stats").inner_text() == a_stats
     set_slider(a, "jf-round", 1)  # scrubbing tab A reads tab A's rounds: AR trees are a lone root
     a.wait_for_function("document.querySelector('#jf-tree .js-plotly-plot').layout.title.text.startsWith('round 1:')",
@@ -249,21 +403,12 @@ def test_stop_and_two_tabs_keep_their_own_state(app, browser):
     a.close(), b.close()
 
 
-def test_sweep_panel_runs_and_loads_results(app, browser):
+def test_sweep_panel_runs(app, browser):
     url, out = app
     page = open_page(browser, url)
     page.locator("#jf-ex-math").click()
+    sync_api.expect(page.locator("#jf-prompt textarea")).to_have_value(re.compile("Natalia"), timeout=30_000)
     page.get_by_role("tab", name="Budget sweep").click()
-    choose(page, "jf-results", "broken.json")  # a file without rows: a message, not a crash
-    page.locator("#jf-load").click()
-    page.wait_for_function("document.querySelector('#jf-sweep-msg').innerText.includes('no rows with a budget')",
-                           timeout=30_000)
-    choose(page, "jf-results", "tau_gsm8k.json")
-    page.locator("#jf-load").click()
-    page.wait_for_function("""() => { const el = document.querySelector('#jf-sweep-plot .js-plotly-plot');
-        return el && el.data.filter(t => t.name && t.name.includes('gsm8k')).length == 4 }""", timeout=30_000)
-    page.screenshot(path=str(out / "explorer_results.png"), full_page=True)
-
     # a live sweep of this prompt: n-gram only (fast), 8 tokens per run, every budget plus the AR baseline
     page.get_by_label("JetFlow", exact=True).uncheck()
     page.get_by_label("n-gram (prompt lookup)").check()
@@ -271,7 +416,7 @@ def test_sweep_panel_runs_and_loads_results(app, browser):
     page.wait_for_function("""() => { const el = document.querySelector('#jf-sweep-plot .js-plotly-plot');
         const t = el && el.data.filter(t => t.name == 'prompt / ngram');
         return t && t.length == 2 && t[0].x.length == 6 }""", timeout=120_000)
-    page.screenshot(path=str(out / "explorer_sweep.png"), full_page=True)
+    shot(page, "explorer_sweep", full=True)
     page.close()
 
 
@@ -291,7 +436,7 @@ def test_missing_head_still_runs_with_ngram_and_says_so(tiny, browser):
         set_slider(page, "jf-max-tokens", 16)
         info = generate_and_wait(page)
         assert info["nodes"] >= 1 and info["path"][0] == 0
-        page.screenshot(path=str(tmp / "explorer_no_head.png"), full_page=True)
+        shot(page, "explorer_no_head")
         page.close()
     finally:
         stop_app(proc, log)
@@ -315,7 +460,7 @@ def test_default_model_and_shipped_head_draw_real_trees(tmp_path, browser):
         stats = page.locator("#jf-stats").inner_text()
         tau = float(re.search(r"tau ([0-9.]+)", stats).group(1))
         assert tau > 1.2, stats
-        page.screenshot(path=str(tmp_path / "explorer_default_model.png"), full_page=True)
+        shot(page, "explorer_default_model", full=True)
         page.close()
     finally:
         stop_app(proc, log)

@@ -56,8 +56,9 @@ def test_nodes_edges_and_path_match_the_tree(n, seed):
     assert {frozenset(s) for s in dim + hi} == want
     assert all(pos[i][0] == tree.depths[i] for i in range(len(tree)))
     assert len(set(pos.values())) == len(tree), "two nodes drawn on top of each other"
-    # colour = draft probability; off-path nodes dimmed, path nodes opaque
-    assert list(nodes.marker.color) == pytest.approx([math.exp(lp) for lp in tree.logps])
+    # colour = per-step draft probability (not the cumulative one); off-path nodes dimmed, path nodes opaque
+    step = [1.0] + [math.exp(tree.logps[i] - tree.logps[tree.parents[i]]) for i in range(1, len(tree))]
+    assert list(nodes.marker.color) == pytest.approx(step)
     op = list(nodes.marker.opacity)
     assert all(op[i] == 1.0 for i in path) and all(op[i] < 1.0 for i in range(len(tree)) if i not in path)
 
@@ -69,8 +70,9 @@ def test_hover_shows_token_depth_and_cumulative_logprob():
     nodes = traces(fig)[F.NODES]
     for i in range(len(tree)):
         h = nodes.hovertext[i]
-        assert repr(names[tree.tokens[i]]) in h and f"depth {tree.depths[i]}" in h and f"{tree.logps[i]:.3f}" in h
-    assert "accepted" in nodes.hovertext[2] and "accepted" not in nodes.hovertext[3]
+        assert repr(names[tree.tokens[i]]) in h and f"depth {tree.depths[i]}" in h
+        assert i == 0 or f"{tree.logps[i]:.3f}" in h
+    assert "<b>accepted</b>" in nodes.hovertext[2] and "<b>accepted</b>" not in nodes.hovertext[3]
     assert nodes.text[1] == "·cat" and nodes.text[2] != ""  # spaces made visible
 
 
