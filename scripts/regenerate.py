@@ -32,6 +32,7 @@ def main(argv=None):
     ap.add_argument("--max-new-tokens", type=int, default=224)
     ap.add_argument("--max-prompt-tokens", type=int, default=320)
     ap.add_argument("--minutes", type=float, default=None, help="stop after this much wall time (resumable)")
+    ap.add_argument("--until", type=float, default=None, help="unix time: start no batch after it (a timed plan)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
@@ -65,9 +66,10 @@ def main(argv=None):
     prompts = D.read_prompts(a.prompts) if a.prompts else D.load_prompts(list(mix), seed=a.seed)
     print(json.dumps({s: len(p) for s, p in prompts.items()}), "prompts after decontamination", flush=True)
     t0 = time.time()
+    limits = ([a.minutes * 60] if a.minutes else []) + ([a.until - t0] if a.until is not None else [])
     kw = dict(mix=mix, sample_frac=a.sample_frac, temperature=a.temperature, batch_size=a.batch_size,
               max_new_tokens=a.max_new_tokens, max_prompt_tokens=a.max_prompt_tokens, seed=a.seed,
-              time_limit=a.minutes * 60 if a.minutes else None, shard=shard,
+              time_limit=max(min(limits), 0.0) if limits else None, shard=shard,
               skip_keys={r["key"] for path in a.skip for r in D.read_records(path)})
     if a.engine == "sglang":
         try:

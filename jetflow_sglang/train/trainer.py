@@ -32,6 +32,7 @@ class TrainConfig:
     gamma: float = 0.0
     lr: float = 3e-4
     warmup: int = 30
+    schedule: str = "cosine"  # after warm-up: "cosine" (to 0 at the end) or "constant"
     betas: tuple = (0.9, 0.95)
     weight_decay: float = 0.0
     clip: float = 1.0
@@ -207,6 +208,8 @@ def evaluate(head: JetFlowHead, items: list[dict], lm_w, vocab_map, cfg: TrainCo
 def lr_at(cfg: TrainConfig, step: int, progress: float) -> float:
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
+    if cfg.schedule == "constant":
+        return cfg.lr
     return cfg.lr * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
 
