@@ -80,3 +80,9 @@ class ContextKV:
                 sk.scatter_(2, idx, k)
                 sv.scatter_(2, idx, v)
         self.lens = [n + c for n, c in zip(self.lens, counts)]
+
+    def keep(self, rows: Sequence[int]) -> None:
+        """Keep requests `rows` (in that order), e.g. when others finished."""
+        idx = torch.tensor(list(rows), dtype=torch.long, device=self.device)
+        self.store = [(k.index_select(0, idx), v.index_select(0, idx)) for k, v in self.store]
+        self.lens = [self.lens[i] for i in rows]

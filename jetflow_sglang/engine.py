@@ -8,10 +8,13 @@ from typing import Iterator
 import torch
 from transformers import DynamicCache
 
+from .batch_target import BatchTarget
 from .budget import auto_budget, parse_budget
 from .target import Target
+from .context_kv import ContextKV
 from .tree import DraftTree
-from .verify import check_sampling, greedy_accept, process_logits, sample_accept
+from .tree_batch import TreeBatch
+from .verify import check_sampling, greedy_accept, greedy_accept_batch, process_logits, sample_accept
 
 
 @dataclass
@@ -121,6 +124,98 @@ def run(target: Target, drafter, prompt_ids, **kw) -> Result:
         res.tokens.extend(rnd.new_tokens)
     res.elapsed_s = time.perf_counter() - t0
     return res
+
+
+@torch.no_grad()
+def generate_batch(target: Target, drafter, prompts, max_new_tokens: int = 128, budget: int = 16, eos_ids=(),
+                   temperature: float = 0.0) -> list[Result]:
+    """Greedy speculative decoding of several prompts together: per round one head forward (two for jetflow-branch)
+    and one target verify forward for the whole batch, ragged trees padded to `budget` slots. Finished requests leave
+    the batch. Token-identical to per-prompt `run` (and to `autoregressive`) up to floating-point near-ties."""
+    if temperature != 0:
+        raise ValueError("generate_batch decodes greedily (temperature 0); use generate for sampling")
+    budget = parse_budget(budget)
+    if budget == "auto":
+        raise ValueError("generate_batch takes a fixed budget (1-512)")
+    prompts = [list(p) for p in prompts]
+    if not prompts:
+        raise ValueError("no prompts")
+    for p in prompts:
+        _check(target, p, max_new_tokens, 0.0, 0, 1.0)
+    eos = set(eos_ids)
+    limits = [min(max_new_tokens, target.max_length - len(p)) for p in prompts]
+    results = [Result(p, []) for p in prompts]
+    t_start = time.perf_counter()
+    bt = BatchTarget(target)
+    last, taps = bt.prefill(prompts)
+    anchors = last.argmax(-1).tolist()
+    batched = hasattr(drafter, "draft_batch")
+    if batched:
+        ctx = ContextKV(_padded_kv(drafter, taps), [len(p) for p in prompts])
+    states = None if batched else [drafter.new_state(p, t) for p, t in zip(prompts, taps)]
+    for res, a in zip(results, anchors):
+        res.rounds.append(Round(None, [], [a]))
+        res.tokens.append(a)
+    active = [i for i in range(len(prompts)) if len(results[i].tokens) < limits[i] and anchors[i] not in eos]
+    _keep(bt, ctx if batched else None, list(range(len(prompts))), active)
+    while active:
+        t0 = time.perf_counter()
+        size = max(1, min([budget] + [target.max_length - n for n in bt.lens]))
+        anchor_t = torch.tensor([anchors[i] for i in active], device=target.device)
+        if batched:
+            tb = drafter.draft_batch(anchor_t, ctx.views(), ctx.lens_tensor(), size)
+        else:
+            tb = TreeBatch.from_trees([drafter.draft(states[i], anchors[i], size) for i in active], size,
+                                      target.device)
+        t1 = time.perf_counter()
+        logits, new_taps = bt.verify(tb)
+        index, length, bonus = greedy_accept_batch(tb, logits.argmax(-1))
+        lengths = length.tolist()
+        bt.commit(index, lengths)
+        index_l, bonus_l, trees = index.tolist(), bonus.tolist(), tb.trees()
+        t2 = time.perf_counter()
+        if batched:
+            rows = new_taps.gather(1, index.clamp(min=0)[..., None].expand(-1, -1, new_taps.shape[-1]))
+            ctx.append(drafter.context_kv(rows, ctx.lens_tensor()), lengths)
+        still = []
+        for r, i in enumerate(active):
+            path = index_l[r][:lengths[r]]
+            tree = trees[r]
+            if not batched:
+                drafter.advance(states[i], [tree.tokens[p] for p in path], None)
+            new = [tree.tokens[p] for p in path[1:]] + [bonus_l[r]]
+            stop = next((k + 1 for k, t in enumerate(new) if t in eos), len(new))
+            new = new[: min(stop, limits[i] - len(results[i].tokens))]
+            results[i].tokens.extend(new)
+            anchors[i] = new[-1]
+            if len(results[i].tokens) < limits[i] and new[-1] not in eos:
+                still.append(i)
+            results[i].rounds.append(Round(tree, path, new, 0.0, t2 - t1))
+        draft_s = (t1 - t0) + (time.perf_counter() - t2)
+        for i in active:
+            results[i].rounds[-1].draft_s = draft_s
+        _keep(bt, ctx if batched else None, active, still)
+        active = still
+    for res in results:
+        res.elapsed_s = time.perf_counter() - t_start
+    return results
+
+
+def _padded_kv(drafter, taps: list[torch.Tensor]):
+    """Head context K/V of ragged prompts, right-padded into one batch."""
+    width = max(t.shape[0] for t in taps)
+    padded = torch.stack([torch.nn.functional.pad(t, (0, 0, 0, width - t.shape[0])) for t in taps])
+    return drafter.context_kv(padded, torch.zeros(len(taps), dtype=torch.long))
+
+
+def _keep(bt: BatchTarget, ctx: ContextKV | None, before: list[int], after: list[int]) -> None:
+    if after == before:
+        return
+    rows = [before.index(i) for i in after]
+    if after:
+        bt.keep(rows)
+        if ctx is not None:
+            ctx.keep(rows)
 
 
 @torch.no_grad()

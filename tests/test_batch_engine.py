@@ -1,0 +1,106 @@
+"""Batched generation (one head forward and one verify forward per round) must match per-prompt runs in float32."""
+import random
+
+import pytest
+import torch
+
+from jetflow_sglang.context_kv import ContextKV
+from jetflow_sglang.drafters import make_drafter
+from jetflow_sglang.engine import autoregressive, generate, generate_batch, run
+from jetflow_sglang.target import Target
+from kernels import hf_tree_attention as tree_attn
+from tests.helpers import tiny_head, tiny_model
+
+torch.set_num_threads(1)
+VOCAB = 64
+
+
+@pytest.fixture(scope="module")
+def stacks():
+    out = {}
+    for fam in ("llama", "qwen3"):
+        model = tiny_model(fam, vocab=VOCAB, seed=21)
+        if fam == "qwen3":
+            model.set_attn_implementation(tree_attn.NAME)
+        out[fam] = (Target(model), tiny_head(model, causal=True), tiny_head(model, causal=False, seed=2))
+    return out
+
+
+CASES = [("llama", "jetflow", "exact", 16), ("qwen3", "jetflow", "paper", 32), ("llama", "jetflow-branch", "exact", 24),
+         ("qwen3", "ddtree", "exact", 64), ("llama", "dflash", "exact", 8), ("qwen3", "ngram", "exact", 16),
+         ("llama", "jetflow", "exact", 1), ("qwen3", "ar", "exact", 1)]
+
+
+@pytest.mark.parametrize("fam,name,tree,budget", CASES)
+def test_batch_is_token_identical_to_single_runs(stacks, fam, name, tree, budget):
+    target, head, bidir = stacks[fam]
+    rng = random.Random(hash((fam, name, budget)) % 1000)
+    prompts = [[rng.randrange(VOCAB) for _ in range(rng.randint(1, 30))] for _ in range(4)]
+    prompts.append(prompts[0][:3] * 4)  # a repetitive prompt: long accepted paths
+    drafter = make_drafter(name, head, bidir, width=rng.randint(2, 8), tree=tree)
+    max_new = 24
+    full = [autoregressive(target, p, max_new_tokens=max_new).tokens for p in prompts]
+    eos = {full[1][5]}  # request 1 stops early (maybe mid-path); the others run to the limit unless they hit it too
+    res = generate_batch(target, drafter, prompts, max_new_tokens=max_new, budget=budget, eos_ids=eos)
+    steps = []
+    for p, r in zip(prompts, res):
+        single = run(target, drafter, p, max_new_tokens=max_new, budget=budget, eos_ids=eos)
+        ref = autoregressive(target, p, max_new_tokens=max_new, eos_ids=eos).tokens
+        assert r.tokens == single.tokens == ref
+        assert all(len(rd.new_tokens) >= 1 for rd in r.rounds)
+        steps.append((r.steps, single.steps))
+    # the batched drafter builds the same trees as the single one (up to float near-ties in padded attention)
+    assert sum(a != b for a, b in steps) <= 1, steps
+
+
+def test_batch_rejects_bad_input(stacks):
+    target, head, _ = stacks["llama"]
+    drafter = make_drafter("jetflow", head)
+    with pytest.raises(ValueError):
+        generate_batch(target, drafter, [], budget=4)
+    with pytest.raises(ValueError):
+        generate_batch(target, drafter, [[1, 2]], temperature=0.5)
+    with pytest.raises(ValueError):
+        generate_batch(target, drafter, [[1, 2], []])
+
+
+def test_budget_one_runs_no_head_forward_but_keeps_the_context(stacks, monkeypatch):
+    target, head, _ = stacks["llama"]
+    drafter = make_drafter("jetflow", head)
+    states, calls = [], []
+    new_state = drafter.new_state
+    monkeypatch.setattr(drafter, "new_state", lambda *a: states.append(new_state(*a)) or states[-1])
+    original = type(head).forward
+    monkeypatch.setattr(type(head), "forward", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    rounds = list(generate(target, drafter, prompt, max_new_tokens=10, budget=1))
+    assert not calls and all(r.tree is None or len(r.tree) == 1 for r in rounds)
+    tokens = [t for r in rounds for t in r.new_tokens]
+    committed = prompt + tokens[:-1]  # the last token is the next anchor, not yet committed
+    state = states[0]
+    assert state.tokens == committed
+    _, taps = target.prefill(committed)
+    fresh = drafter.new_state(committed, taps)
+    for (k, v), (fk, fv) in zip(state.ctx_kv, fresh.ctx_kv):
+        torch.testing.assert_close(k, fk, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(v, fv, atol=1e-4, rtol=1e-4)
+
+
+def test_context_grows_geometrically_and_appends_in_place():
+    k = torch.randn(2, 2, 5, 4)
+    ctx = ContextKV([(k, k.clone())], lens=[5, 3])
+    assert ctx.capacity == 64
+    reference = [k[0, :, :5], k[1, :, :3]]
+    caps = set()
+    for step in range(60):
+        new = torch.randn(2, 2, 3, 4)
+        counts = [step % 4 if step % 4 < 3 else 3, 1]
+        ctx.append([(new, new.clone())], counts)
+        reference = [torch.cat([reference[i], new[i, :, :counts[i]]], 1) for i in range(2)]
+        caps.add(ctx.capacity)
+    views = ctx.views()[0][0]
+    for i in range(2):
+        assert torch.equal(views[i, :, :ctx.lens[i]], reference[i])
+    assert max(caps) < 4 * max(ctx.lens) and len(caps) <= 4  # doubling: few reallocations
+    ctx.keep([1])
+    assert ctx.lens == [reference[1].shape[1]] and torch.equal(ctx.views()[0][0][0, :, :ctx.lens[0]], reference[1])
