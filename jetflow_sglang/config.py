@@ -9,11 +9,15 @@ SGLang flags (preferred; they exist for every speculative algorithm):
 
 Environment (only what SGLang has no flag for; read once, never written):
     JETFLOW_DRAFTER   jetflow | jetflow-branch | ddtree | dflash | ngram | ar
-                      (default: jetflow with a head, ngram without)
+                      (default: the head's own kind - jetflow for a causal head, ddtree for a bidirectional
+                      one such as a DFlash release - and ngram without a head; a drafter that does not fit
+                      the head is an error)
     JETFLOW_BUDGET    auto | N     auto: each round's tree size adapts (up to the budget above);
                                    N: a fixed budget, the same as --speculative-num-draft-tokens N
                                    (giving both with different values is an error)
     JETFLOW_TREE      exact | paper   how the tree is built from the head's per-depth top-k (default exact)
+    JETFLOW_COST_PRIOR  JSON {verified tokens: seconds}, e.g. '{"1": 0.01, "8": 0.02}': the verify-cost prior of
+                      JETFLOW_BUDGET=auto (only valid with it; default: the adaptive budget's own prior)
 
 SGLang keeps the raw flag values on its ServerArgs record (its resolution only adds declarations), so the launcher
 (the plugin's argument hook) and every scheduler process (the worker) compute the same config from the same record
@@ -21,6 +25,8 @@ and the inherited environment; nothing is passed through os.environ writes.
 """
 from __future__ import annotations
 
+import json
+import math
 import os
 from dataclasses import dataclass
 from typing import Mapping
@@ -31,7 +37,7 @@ TREES = ("exact", "paper")
 DEFAULT_BUDGET = 8
 DEFAULT_WIDTH = 8
 MAX_BUDGET = 1024  # one verify forward of bs x budget tokens; larger is surely a typo
-ENV_VARS = ("JETFLOW_DRAFTER", "JETFLOW_BUDGET", "JETFLOW_TREE")
+ENV_VARS = ("JETFLOW_DRAFTER", "JETFLOW_BUDGET", "JETFLOW_TREE", "JETFLOW_COST_PRIOR")
 RETIRED_ENV = {  # read by earlier versions; failing beats silently ignoring them
     "JETFLOW_WIDTH": "--speculative-eagle-topk",
     "JETFLOW_DEPTH": "--speculative-num-steps",
@@ -53,6 +59,7 @@ class JetFlowServerConfig:
     depth: int | None  # None: the head's block size - 1
     tree: str  # "exact" | "paper"
     head_dir: str | None = None
+    cost_prior: dict | None = None  # {verified tokens: seconds} for AdaptiveBudget(cost_prior=...)
 
     @property
     def needs_head(self) -> bool:
@@ -70,12 +77,11 @@ class JetFlowServerConfig:
         head_dir = raw.get("speculative_draft_model_path") or None
         head_dir = str(head_dir) if head_dir is not None else None
 
-        drafter = (env.get("JETFLOW_DRAFTER") or "").strip().lower() or ("jetflow" if head_dir else "ngram")
-        if drafter not in DRAFTERS:
-            raise JetFlowConfigError(f"JETFLOW_DRAFTER={drafter!r} is not a drafter; choose one of {', '.join(DRAFTERS)}")
-        if drafter in HEAD_DRAFTERS and not head_dir:
-            raise JetFlowConfigError(f"JETFLOW_DRAFTER={drafter} needs a draft head: pass "
-                                     "--speculative-draft-model-path HEAD_DIR (or use JETFLOW_DRAFTER=ngram)")
+        requested = (env.get("JETFLOW_DRAFTER") or "").strip().lower() or None
+        if requested is not None and requested not in DRAFTERS:
+            raise JetFlowConfigError(f"JETFLOW_DRAFTER={requested!r} is not a drafter; "
+                                     f"choose one of {', '.join(DRAFTERS)}")
+        drafter = _drafter(requested, head_dir)
 
         tree = (env.get("JETFLOW_TREE") or "exact").strip().lower()
         if tree not in TREES:
@@ -84,8 +90,9 @@ class JetFlowServerConfig:
         budget, adaptive = _budget(raw.get("speculative_num_draft_tokens"), env.get("JETFLOW_BUDGET"))
         width = _flag_int("width", raw.get("speculative_eagle_topk"), DEFAULT_WIDTH)
         depth = _flag_int("depth", raw.get("speculative_num_steps"), None)
+        cost_prior = _cost_prior(env.get("JETFLOW_COST_PRIOR"), adaptive)
         return cls(drafter=drafter, budget=budget, adaptive=adaptive, width=width, depth=depth, tree=tree,
-                   head_dir=head_dir)
+                   head_dir=head_dir, cost_prior=cost_prior)
 
     def describe(self) -> str:
         mode = "auto, up to" if self.adaptive else "fixed"
@@ -103,6 +110,64 @@ def _raw_fields(server_args) -> dict:
     if isinstance(snap, dict):
         return {n: snap.get(n) for n in names}
     return {n: getattr(server_args, n, None) for n in names}
+
+
+def _head_is_causal(head_dir: str) -> bool:
+    """Read the head's config.json (either format; no weights) and say whether it is causal."""
+    from .head import CheckpointError, HeadMismatchError, read_head_config
+
+    try:
+        head_cfg, _fmt = read_head_config(head_dir)
+    except (CheckpointError, HeadMismatchError, ValueError, OSError) as e:
+        raise JetFlowConfigError(f"--speculative-draft-model-path {head_dir}: {e}") from None
+    return bool(head_cfg.causal)
+
+
+def _drafter(requested: str | None, head_dir: str | None) -> str:
+    from .head import BIDIRECTIONAL_DRAFTERS, CAUSAL_DRAFTERS
+
+    if head_dir is None:
+        if requested in HEAD_DRAFTERS:
+            raise JetFlowConfigError(f"JETFLOW_DRAFTER={requested} needs a draft head: pass "
+                                     "--speculative-draft-model-path HEAD_DIR (or use JETFLOW_DRAFTER=ngram)")
+        return requested or "ngram"
+    if requested is not None and requested not in HEAD_DRAFTERS:
+        return requested  # ngram / ar ignore the head
+    causal = _head_is_causal(head_dir)
+    fits = CAUSAL_DRAFTERS if causal else BIDIRECTIONAL_DRAFTERS
+    if requested is None:
+        return fits[0]
+    if requested not in fits:
+        kind = "causal" if causal else "bidirectional"
+        raise JetFlowConfigError(f"JETFLOW_DRAFTER={requested} does not fit the {kind} head at {head_dir}; "
+                                 f"use JETFLOW_DRAFTER={' or '.join(fits)}")
+    return requested
+
+
+def _cost_prior(value, adaptive: bool) -> dict | None:
+    if value is None or not str(value).strip():
+        return None
+    if not adaptive:
+        raise JetFlowConfigError("JETFLOW_COST_PRIOR only applies with JETFLOW_BUDGET=auto")
+    bad = JetFlowConfigError(f"JETFLOW_COST_PRIOR must be a JSON object of verified tokens (>= 1) to seconds (> 0), "
+                             f"e.g. '{{\"1\": 0.01, \"8\": 0.02}}'; got {value!r}")
+    try:
+        raw = json.loads(value)
+    except ValueError:
+        raise bad from None
+    if not isinstance(raw, dict) or not raw:
+        raise bad
+    prior = {}
+    for k, v in raw.items():
+        try:
+            tokens, seconds = int(k), float(v)
+        except (TypeError, ValueError):
+            raise bad from None
+        if str(tokens) != str(k).strip() or tokens < 1 or isinstance(v, bool) or not math.isfinite(seconds) \
+                or seconds <= 0:
+            raise bad
+        prior[tokens] = seconds
+    return prior
 
 
 def _as_int(what: str, value) -> int:

@@ -48,14 +48,11 @@ def fail(err: Exception):
 
 
 def resolve_config(server_args, env=None):
-    """The JetFlowServerConfig of a JETFLOW launch, with the head folder checked; errors go through `fail`."""
+    """The JetFlowServerConfig of a JETFLOW launch (head folder and drafter fit checked); errors go through `fail`."""
     from ..config import JetFlowConfigError, JetFlowServerConfig
 
     try:
-        cfg = JetFlowServerConfig.from_server_args(server_args, env=env)
-        if cfg.head_dir is not None and not (Path(cfg.head_dir) / "config.json").is_file():
-            raise JetFlowConfigError(f"--speculative-draft-model-path {cfg.head_dir}: no draft head there "
-                                     "(expected a folder with config.json and model.safetensors)")
+        cfg = JetFlowServerConfig.from_server_args(server_args, env=env)  # reads the head's config.json too
     except JetFlowConfigError as e:
         fail(e)
     return cfg
@@ -87,9 +84,8 @@ def _spec_class():
             cfg = resolve_config(sa)
             # The worker is synchronous (V2 schema, overlap off); SGLang only does this itself for its built-ins.
             sa.disable_overlap_schedule = True
-            # The head needs the target's hidden states for every committed token; a radix-cache hit would skip
-            # the prefill rows that produce them (until the worker recomputes them itself).
-            sa.disable_radix_cache = True
+            # The radix cache stays on: the worker keeps the head's context K/V in a pool indexed by the target's KV
+            # slots, so a prefix hit reuses it (worker.py / head_pool.py).
             # No dummy verify input exists for plugin algorithms, so no CUDA-graph capture of TARGET_VERIFY.
             sa.disable_cuda_graph = True
             # SGLang reserves max(steps * topk, num_draft_tokens) KV slots per request and round and sizes its

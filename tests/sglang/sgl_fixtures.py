@@ -84,8 +84,9 @@ def build_tiny_qwen2(out, seed: int = 0) -> Path:
     return out
 
 
-def build_tiny_head(target_dir, out, seed: int = 1) -> Path:
-    """A 1-layer causal JetFlow head tapping layers 1 and 2 of the tiny target, initialised from the target."""
+def build_tiny_head(target_dir, out, seed: int = 1, causal: bool = True) -> Path:
+    """A 1-layer JetFlow head (causal, or bidirectional like DFlash) tapping layers 1 and 2 of the tiny target,
+    initialised from the target."""
     from transformers import AutoModelForCausalLM
 
     from jetflow_sglang.head import JetFlowHead, JetFlowHeadConfig, init_from_target, save_head
@@ -94,7 +95,7 @@ def build_tiny_head(target_dir, out, seed: int = 1) -> Path:
     if (out / "config.json").exists():
         return out
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
-    cfg = JetFlowHeadConfig.for_target(target.config, num_layers=1, n_taps=2, causal=True, block_size=8)
+    cfg = JetFlowHeadConfig.for_target(target.config, num_layers=1, n_taps=2, causal=causal, block_size=8)
     cfg.tap_layers = [1, 2]
     torch.manual_seed(seed)
     head = init_from_target(JetFlowHead(cfg), target)

@@ -1,14 +1,32 @@
 """JetFlowServerConfig: every documented combination of SGLang flags and JETFLOW_* variables, and one-line errors."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from jetflow_sglang.config import DEFAULT_BUDGET, DEFAULT_WIDTH, JetFlowConfigError, JetFlowServerConfig
 
+HEADS = {}
 
-def args(head="/heads/h", n=None, topk=None, steps=None):
+
+@pytest.fixture(scope="module", autouse=True)
+def heads(tmp_path_factory):
+    """A tiny causal head (JetFlow) and a tiny bidirectional one (DFlash-style), config and weights on disk."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from sgl_fixtures import build_tiny_head, build_tiny_qwen3
+
+    root = tmp_path_factory.mktemp("cfg")
+    target = build_tiny_qwen3(root / "tiny-qwen3")
+    HEADS["causal"] = str(build_tiny_head(target, root / "causal"))
+    HEADS["bidir"] = str(build_tiny_head(target, root / "bidir", causal=False))
+    yield HEADS
+
+
+def args(head="causal", n=None, topk=None, steps=None):
+    head = HEADS.get(head, head)
     return SimpleNamespace(speculative_draft_model_path=head, speculative_num_draft_tokens=n,
                            speculative_eagle_topk=topk, speculative_num_steps=steps)
 
@@ -21,7 +39,7 @@ def test_defaults_with_and_without_a_head():
     c = cfg()
     assert (c.drafter, c.budget, c.adaptive, c.width, c.depth, c.tree) == \
         ("jetflow", DEFAULT_BUDGET, False, DEFAULT_WIDTH, None, "exact")
-    assert c.head_dir == "/heads/h" and c.needs_head
+    assert c.head_dir == HEADS["causal"] and c.needs_head
     c = cfg(head=None)
     assert c.drafter == "ngram" and not c.needs_head and c.head_dir is None
 
@@ -47,9 +65,15 @@ def test_budget_combinations(env_budget, flag, want):
     assert (c.budget, c.adaptive) == want
 
 
+def test_drafter_defaults_to_the_head_kind():
+    assert cfg(head="bidir").drafter == "ddtree"  # a DFlash-style (bidirectional) head
+    assert cfg({"JETFLOW_DRAFTER": "dflash"}, head="bidir").drafter == "dflash"
+    assert cfg({"JETFLOW_DRAFTER": "jetflow-branch"}).drafter == "jetflow-branch"
+
+
 def test_env_drafter_and_tree():
-    c = cfg({"JETFLOW_DRAFTER": "ddtree", "JETFLOW_TREE": "paper"})
-    assert (c.drafter, c.tree) == ("ddtree", "paper")
+    c = cfg({"JETFLOW_DRAFTER": "jetflow", "JETFLOW_TREE": "paper"})
+    assert (c.drafter, c.tree) == ("jetflow", "paper")
     assert cfg({"JETFLOW_DRAFTER": "ngram"}).drafter == "ngram"  # a head may be given and unused
     assert cfg({"JETFLOW_DRAFTER": "ar"}, head=None).drafter == "ar"
 
@@ -71,6 +95,15 @@ def test_env_drafter_and_tree():
     ({"JETFLOW_TREE": "bfs"}, {}, "JETFLOW_TREE='bfs' is not a tree builder"),
     ({"JETFLOW_WIDTH": "4"}, {}, "JETFLOW_WIDTH is no longer read; use --speculative-eagle-topk"),
     ({"JETFLOW_DEPTH": "2"}, {}, "JETFLOW_DEPTH is no longer read; use --speculative-num-steps"),
+    ({"JETFLOW_DRAFTER": "ddtree"}, {}, "JETFLOW_DRAFTER=ddtree does not fit the causal head"),
+    ({"JETFLOW_DRAFTER": "jetflow"}, {"head": "bidir"}, "JETFLOW_DRAFTER=jetflow does not fit the bidirectional"),
+    ({}, {"head": "/no/such/head"}, "--speculative-draft-model-path /no/such/head: no draft-head checkpoint"),
+    ({"JETFLOW_COST_PRIOR": '{"1": 0.01}'}, {}, "JETFLOW_COST_PRIOR only applies with JETFLOW_BUDGET=auto"),
+    ({"JETFLOW_BUDGET": "auto", "JETFLOW_COST_PRIOR": "[1]"}, {}, "JETFLOW_COST_PRIOR must be a JSON object"),
+    ({"JETFLOW_BUDGET": "auto", "JETFLOW_COST_PRIOR": '{"0": 0.1}'}, {}, "JETFLOW_COST_PRIOR must be"),
+    ({"JETFLOW_BUDGET": "auto", "JETFLOW_COST_PRIOR": '{"2": -1}'}, {}, "JETFLOW_COST_PRIOR must be"),
+    ({"JETFLOW_BUDGET": "auto", "JETFLOW_COST_PRIOR": '{"2": "inf"}'}, {}, "JETFLOW_COST_PRIOR must be"),
+    ({"JETFLOW_BUDGET": "auto", "JETFLOW_COST_PRIOR": '{"x": 1}'}, {}, "JETFLOW_COST_PRIOR must be"),
 ])
 def test_bad_values_give_one_line_errors(env, kw, needle):
     if needle is None:
@@ -82,11 +115,17 @@ def test_bad_values_give_one_line_errors(env, kw, needle):
     assert needle in msg and "\n" not in msg
 
 
+def test_cost_prior():
+    c = cfg({"JETFLOW_BUDGET": "auto", "JETFLOW_COST_PRIOR": '{"1": 0.01, "8": 0.5}'})
+    assert c.cost_prior == {1: 0.01, 8: 0.5} and c.adaptive
+    assert cfg().cost_prior is None
+
+
 def test_reads_the_raw_input_snapshot_of_a_resolved_record():
     """On SGLang's record, resolution declares topk=steps=1 for JETFLOW; the operator's values stay in _raw_input."""
     a = args(topk=1, steps=1, n=8)
     a._raw_input = {"speculative_eagle_topk": 5, "speculative_num_steps": 3, "speculative_num_draft_tokens": 12,
-                    "speculative_draft_model_path": "/heads/h"}
+                    "speculative_draft_model_path": HEADS["causal"]}
     c = JetFlowServerConfig.from_server_args(a, env={})
     assert (c.width, c.depth, c.budget) == (5, 3, 12)
 
