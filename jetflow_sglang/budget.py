@@ -10,7 +10,10 @@ The best budget maximises tokens per second: batch * tau(b) / (t_draft(b) + t_ve
 - The first budget is the prior's best, never above 16 and never the largest. Larger budgets are explored only when
   their optimistic rate (an upper confidence bound on tau, extrapolated with diminishing returns from the largest
   observed budget) beats the current best by the hysteresis margin, so exploration stops once it is ruled out
-  (regret grows like log(rounds)). The current budget is kept unless another one is better by the same margin.
+  (regret grows like log(rounds)), and only while the time exploration lost against the best budget so far stays
+  under EXPLORE_FRAC of the elapsed time (plus one round): a ledger that bounds the loss against plain decoding even
+  when the confidence bounds are too optimistic. The current budget is kept unless another one is better by the
+  hysteresis margin.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ FIRST_CAP = 16  # the first choice never exceeds this (and never the largest run
 PRIOR_SLOPE = 0.35  # tau prior before any tree is verified: 1 + PRIOR_SLOPE * log2(b)
 WARMUP = 2  # rounds at the first choice before deciding
 GAIN_SD_FLOOR = 0.3  # a gain's spread is not known from one or two rounds
+EXPLORE_FRAC = 0.05  # exploration may cost at most this share of the time (regret ledger, see _can_afford)
 UCB_C = 1.0  # width of the confidence bound on tau, in standard deviations at log(rounds) = 1
 NEUTRAL_PRIOR = {1: 1.0, 64: 2.0, 256: 5.0}  # relative verify cost when nothing is measured
 
@@ -103,6 +107,9 @@ class AdaptiveBudget:
         self.t = 0  # rounds observed
         self.current: int | None = None
         self.explored = 0  # rounds spent on exploration (for tests and reports)
+        self.elapsed = 0.0  # seconds of all observed rounds
+        self.regret = 0.0  # seconds exploration rounds took beyond what the best budget would have needed
+        self._pending: tuple[int, float] | None = None  # (explored budget, best rate when it was chosen)
         self.rng = random.Random(seed)
 
     # ---- estimates ----------------------------------------------------------------------------------------------
@@ -192,10 +199,17 @@ class AdaptiveBudget:
         bigger = [b for b in self.ladder if b > max(best, 1) and (b <= top or b == self._next_rung(top))]
         if bigger:
             cand = max(bigger, key=lambda b: self.rate(b, batch, optimistic=True))
-            if self.rate(cand, batch, optimistic=True) > bar:
+            if self.rate(cand, batch, optimistic=True) > bar and self._can_afford(cand, best, batch):
                 self.explored += 1
+                self._pending = (cand, self.rate(best, batch))
                 return cand
         return best
+
+    def _can_afford(self, cand: int, best: int, batch: int) -> bool:
+        """Exploration may lose at most EXPLORE_FRAC of the time so far (plus one round) against the best budget."""
+        worst = self.round_cost(cand, batch) - batch / self.rate(best, batch)  # the round if it accepts nothing extra
+        allowance = EXPLORE_FRAC * self.elapsed + self.round_cost(best, batch)
+        return self.regret + max(0.0, worst) <= allowance
 
     def _next_rung(self, b: int) -> int | None:
         return min([r for r in self.ladder if r > b], default=None)
@@ -220,6 +234,14 @@ class AdaptiveBudget:
     def _observe_paths(self, paths: list[list[int]], budget: int, batch: int, verify_s: float, draft_s: float) -> None:
         self.t += 1
         budget, batch = int(budget), max(1, int(batch))
+        round_s = max(0.0, verify_s) + max(0.0, draft_s)
+        self.elapsed += round_s
+        if self._pending is not None:
+            cand, best_rate = self._pending
+            self._pending = None
+            if cand == budget and best_rate > 0 and round_s > 0:  # time lost (or won) against the best budget
+                tokens = sum(1 + sum(1 for i in p[1:] if i < budget) for p in paths)
+                self.regret += round_s - tokens / best_rate
         prev = [1] * len(paths)  # rung 1 (or 0) accepts the bonus token only
         for b, gain in self.inc.items():
             if b > budget:

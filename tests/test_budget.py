@@ -171,3 +171,17 @@ def test_auto_budget_is_lossless_and_moves():
     res = run(target, drafter, prompt, max_new_tokens=50, budget="auto")
     assert res.tokens == ref
     assert len({len(r.tree) for r in res.rounds if r.tree is not None}) > 1, "the budget should move"
+
+
+def test_the_regret_ledger_caps_exploration_even_when_bounds_are_too_optimistic(monkeypatch):
+    from jetflow_sglang import budget
+
+    steep = lambda n: 0.030 + 0.012 * (n - 1)  # noqa: E731
+    prior = {n: steep(n) for n in (1, 4, 16, 64)}
+    plain = total(lambda: 1, steep, 0.015, 0.5, tokens=300)
+    monkeypatch.setattr(budget, "UCB_C", 50.0)  # absurdly optimistic: every larger budget looks worth a try
+    auto = total(lambda: AdaptiveBudget(cost_prior=prior), steep, 0.015, 0.5, tokens=300)
+    assert auto <= (1 + budget.EXPLORE_FRAC + 0.03) * plain, (auto, plain)
+    monkeypatch.setattr(budget, "EXPLORE_FRAC", 1.0)  # without the cap the same bounds lose much more
+    uncapped = total(lambda: AdaptiveBudget(cost_prior=prior), steep, 0.015, 0.5, tokens=300)
+    assert uncapped > auto * 1.1, (uncapped, auto)
