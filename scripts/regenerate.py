@@ -37,7 +37,8 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--engine", default="hf", choices=ENGINES, help="hf: transformers generate; sglang: sglang.Engine")
-    ap.add_argument("--max-total-tokens", type=int, default=None, help="sglang: KV pool size in tokens (bound it on CPU)")
+    ap.add_argument("--max-total-tokens", type=int, default=None,
+                    help="sglang: KV pool size in tokens (bound it on CPU)")
     ap.add_argument("--max-running-requests", type=int, default=None, help="sglang: decode batch size")
     ap.add_argument("--mem-fraction", type=float, default=None, help="sglang: mem_fraction_static on a GPU")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])

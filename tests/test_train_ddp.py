@@ -64,7 +64,10 @@ def _worker(rank, world, tmp):
 def _merge(batches):
     """The union of per-rank batches as one batch (rows padded to the longest sequence)."""
     T = max(b["ids"].shape[1] for b in batches)
-    pad = lambda x: torch.nn.functional.pad(x, (0, 0, 0, T - x.shape[1]) if x.dim() == 3 else (0, T - x.shape[1]))  # noqa: E731
+
+    def pad(x):
+        return torch.nn.functional.pad(x, (0, 0, 0, T - x.shape[1]) if x.dim() == 3 else (0, T - x.shape[1]))
+
     out = {k: torch.cat([pad(b[k]) for b in batches]) for k in ("taps", "final", "ids")}
     out.update({k: torch.cat([b[k] for b in batches]) for k in ("anchors", "lengths", "k")})
     out["block_size"] = batches[0]["block_size"]

@@ -73,8 +73,8 @@ class SGLangContinuer:
         except OSError:
             gen_cfg = None
         self.eos_ids = model_eos_ids(AutoConfig.from_pretrained(model_path), gen_cfg, tokenizer)
-        kw = dict(model_path=model_path, device=device, dtype=dtype, random_seed=seed, log_level="error",
-                  skip_tokenizer_init=True)
+        # the tokenizer stays on: SGLang needs it for min_new_tokens (EOS suppression on the first token)
+        kw = dict(model_path=model_path, device=device, dtype=dtype, random_seed=seed, log_level="error")
         if max_total_tokens:
             kw["max_total_tokens"] = max_total_tokens
         if max_running_requests:

@@ -278,8 +278,9 @@ def train(heads: dict[str, JetFlowHead], target_model, items: list[dict], eval_i
     if dist.active():
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        ids = [dev.index] if dev.type == "cuda" else None
-        steppers = {n: DDP(m, device_ids=ids, broadcast_buffers=False) for n, m in steppers.items()}
+        # device_ids=None: DDP leaves the batch where it is (with device_ids it would move the index tensors that
+        # head_inputs combines with host tensors); the module already sits on this rank's device
+        steppers = {n: DDP(m, device_ids=None, broadcast_buffers=False) for n, m in steppers.items()}
     last_save = elapsed
 
     def save_ckpt():
