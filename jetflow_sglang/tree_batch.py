@@ -148,12 +148,12 @@ def _nonpositive(lp: torch.Tensor) -> torch.Tensor:
 
 
 def _order_key(scores: torch.Tensor, tie: torch.Tensor, bits: int) -> torch.Tensor:
-    """Float64 keys, smallest first = score descending then `tie` ascending (tie: float64, 0 <= tie < 2**bits).
+    """Int64 keys, smallest first = score descending then `tie` ascending (tie: int64, 0 <= tie < 2**bits).
 
     Scores carry their sign bit (see _nonpositive), so their int32 bit patterns grow with the magnitude; times 2**bits
-    plus the tie they stay below 2**53, so every key is exact and unique and topk(largest=False) has no ties to break.
+    plus the tie, every key is unique and topk(largest=False) has no ties to break (int64 topk is also the fastest).
     """
-    return torch.add(tie, scores.view(torch.int32).double(), alpha=float(1 << bits))
+    return torch.add(tie, scores.view(torch.int32).long(), alpha=1 << bits)
 
 
 def _bits(n: int) -> int:
@@ -167,7 +167,7 @@ class _Level:
     keep: int
     bits: int
     m_idx: torch.Tensor  # [n] parent place of each candidate
-    tie: torch.Tensor    # [n] float64 place of each candidate in the tie order (m * W + r)
+    tie: torch.Tensor    # [n] int64 place of each candidate in the tie order (m * W + r)
 
 
 @dataclass(frozen=True)
@@ -177,8 +177,19 @@ class _Plan:
     parent_u: torch.Tensor   # [n_all] union index of the candidate's parent (-1: the root)
     base: torch.Tensor       # [U] start of the level of each union slot, in the candidate list
     u_depth: torch.Tensor    # [U]
-    u_tie: torch.Tensor      # [U] float64 0..U-1
+    u_tie: torch.Tensor      # [U] 0..U-1
     u_bits: int
+
+
+def _depth_bound(k: int, d: int, width: int) -> int:
+    """The most depth-d nodes a top-k tree can hold: p of them need at least ceil(p / W^j) ancestors at depth d - j."""
+    def need(p: int) -> int:
+        return p + sum(-(-p // width ** j) for j in range(1, d))
+    lo, hi = 0, k
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if need(mid) <= k else (lo, mid - 1)
+    return lo
 
 
 @functools.lru_cache(maxsize=256)
@@ -187,12 +198,12 @@ def _plan(budget: int, depth: int, width: int, device: str) -> _Plan:
     levels, rank_flat, parent_u, base, u_depth = [], [], [], [], []
     k_prev, start, off_prev, off = 1, 0, -1, 0
     for d in range(1, depth + 1):
-        keep = min(budget - 1 - (d - 1), k_prev * width)
+        keep = min(_depth_bound(budget - 1, d, width), k_prev * width)
         if keep <= 0:
             break
         m_idx, r_idx = _pruned(k_prev, width, keep, device)
         n = m_idx.shape[0]
-        levels.append(_Level(start, start + n, keep, _bits(k_prev * width), m_idx, (m_idx * width + r_idx).double()))
+        levels.append(_Level(start, start + n, keep, _bits(k_prev * width), m_idx, m_idx * width + r_idx))
         rank_flat.append((d - 1) * width + r_idx)
         parent_u.append(m_idx + off_prev if d > 1 else torch.full_like(m_idx, -1))
         base += [start] * keep
@@ -201,7 +212,7 @@ def _plan(budget: int, depth: int, width: int, device: str) -> _Plan:
     dev = torch.device(device)
     cat = (lambda xs: torch.cat(xs)) if levels else (lambda xs: torch.zeros(0, dtype=torch.long, device=dev))
     return _Plan(tuple(levels), cat(rank_flat), cat(parent_u), torch.tensor(base, dtype=torch.long, device=dev),
-                 torch.tensor(u_depth, dtype=torch.long, device=dev), torch.arange(off, device=dev, dtype=torch.float64),
+                 torch.tensor(u_depth, dtype=torch.long, device=dev), torch.arange(off, device=dev),
                  _bits(max(off, 1)))
 
 
@@ -241,7 +252,7 @@ def _expand(anchor, tok_table, lp_table, root_row, child_rows, budget: int, dept
         m_idx, r_idx = _pruned(k_prev, width, k_prev * width, str(dev))
         flat = rows.index_select(1, m_idx) * width + r_idx  # the candidate's (parent row, rank) in the table
         cand = score.index_select(1, m_idx) + lp_flat.gather(1, flat)
-        sel = _order_key(cand, (m_idx * width + r_idx).double(), _bits(k_prev * width)).topk(keep, dim=1, largest=False).indices
+        sel = _order_key(cand, m_idx * width + r_idx, _bits(k_prev * width)).topk(keep, dim=1, largest=False).indices
         parent_local = m_idx[sel]
         score = cand.gather(1, sel)
         flat = flat.gather(1, sel)
@@ -262,7 +273,7 @@ def _assemble(anchor, tok_table, lvl_scores, lvl_flat, lvl_parent_u, lvl_depth, 
     b = anchor.shape[0]
     u_scores = torch.cat(lvl_scores, 1)  # the union in (depth, within-depth) order: the tie order
     n_union = u_scores.shape[1]
-    tie = torch.arange(n_union, device=anchor.device, dtype=torch.float64)
+    tie = torch.arange(n_union, device=anchor.device)
     return _select(anchor, tok_table.reshape(b, -1), u_scores, torch.cat(lvl_flat, 1), torch.cat(lvl_parent_u, 1),
                    torch.cat(lvl_depth), tie, _bits(n_union), budget, len(lvl_scores))
 

@@ -94,7 +94,7 @@ def test_the_check_catches_a_wrong_residual():
     assert chi2_pvalue(right, {i: float(p[i]) for i in range(V)}) > 1e-3
 
 
-@pytest.mark.parametrize("drafter_name", ["jetflow", "ngram"])
+@pytest.mark.parametrize("drafter_name", ["jetflow", "jetflow-branch", "ngram"])
 def test_engine_sampling_matches_target(drafter_name):
     """End to end on a tiny-vocab model: the 2nd and 3rd tokens follow the target's processed distribution."""
     model = tiny_model("llama", vocab=V, seed=3, hidden=32)
