@@ -1,8 +1,8 @@
 """JETFLOW serving behaviour on a real CPU server: `auto` falls back to plain decoding when speculation cannot pay,
 and a nearly full KV pool shrinks the tree (down to plain decoding) instead of failing.
 
-One JETFLOW server (auto, a cost prior that makes every tree look expensive, a 4096-token KV pool, a context longer
-than the pool) and one plain server with the same pool."""
+One JETFLOW server (auto, an untrained head whose drafts are almost never accepted and a cost prior that makes trees
+look expensive, a 4096-token KV pool, a context longer than the pool) and one plain server with the same pool."""
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -16,7 +16,7 @@ import requests
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sgl_fixtures import build_tiny_head, build_tiny_qwen3, hf_greedy  # noqa: E402
+from sgl_fixtures import build_tiny_qwen3, hf_greedy  # noqa: E402
 from sgl_server import Server  # noqa: E402
 
 torch.set_num_threads(1)
@@ -30,11 +30,25 @@ POOL = ["--max-total-tokens", "4096", "--context-length", "4400"]
 LONG_ENV = {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}  # the tiny model says 512 positions; RoPE has no limit
 
 
+def build_untrained_head(target_dir, out) -> Path:
+    """A randomly initialised head: speculation cannot pay with it, so `auto` must end up decoding plainly."""
+    from transformers import AutoModelForCausalLM
+
+    from jetflow_sglang.head import JetFlowHead, JetFlowHeadConfig, save_head
+
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+    cfg = JetFlowHeadConfig.for_target(target.config, num_layers=1, n_taps=2, causal=True, block_size=8)
+    cfg.tap_layers = [1, 2]
+    torch.manual_seed(5)
+    save_head(JetFlowHead(cfg), out, dtype=torch.float32)
+    return Path(out)
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("sgl_models")
     target = build_tiny_qwen3(root / "tiny-qwen3")
-    return str(target), str(build_tiny_head(target, root / "tiny-head"))
+    return str(target), str(build_untrained_head(target, root / "untrained-head"))
 
 
 @pytest.fixture(scope="module")
