@@ -21,7 +21,10 @@ NAMES = {
     "sglang.srt.layers.attention.torch_native_backend": ["TorchNativeAttnBackend"],
     "sglang.srt.mem_cache.memory_pool": ["KVWriteLoc"],
     "sglang.srt.arg_groups.choices": ["add_attention_backend_choices", "ATTENTION_BACKEND_CHOICES"],
-    "sglang.srt.arg_groups.overrides": ["resolving_view"],
+    "sglang.srt.arg_groups.overrides": ["resolving_view", "declare_resolution", "attention_backends_of"],
+    "sglang.srt.arg_groups.resolution_hooks": ["register_resolution_hook", "_HOOKS"],
+    "sglang.srt.plugins.hook_registry": ["HookRegistry", "HookType"],
+    "sglang.srt.layers.dp_attention": ["get_dp_tp_group"],
 }
 # attributes of classes/objects used by the worker
 ATTRS = {
@@ -29,6 +32,7 @@ ATTRS = {
     ("sglang.srt.speculative.spec_registry", "CustomSpecAlgo"): ["handle_server_args", "create_worker"],
     ("sglang.srt.model_executor.forward_batch_info", "ForwardMode"): ["TARGET_VERIFY", "DECODE"],
     ("sglang.srt.model_executor.forward_batch_info", "CaptureHiddenMode"): ["FULL"],
+    ("sglang.srt.managers.tokenizer_manager", "TokenizerManager"): ["_validate_one_request"],
 }
 
 
