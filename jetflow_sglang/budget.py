@@ -333,16 +333,18 @@ def _save_profile(key: str, prof: dict[int, float]) -> None:
         pass  # a read-only cache only costs a re-measurement next time
 
 
-def measure_cost_prior(target, sizes: Sequence[int] = PRIOR_SIZES, reps: int = 3, cache: bool = True) -> dict[int, float]:
+def measure_cost_prior(target, sizes: Sequence[int] = PRIOR_SIZES, reps: int = 3, cache: bool = True,
+                       refresh: bool = False) -> dict[int, float]:
     """{tree size: seconds} of target.verify (min of reps, sizes interleaved) after a short prefill.
 
     Cached in memory, and on disk under paths.cache_dir() for named checkpoints, keyed by `profile_key`.
-    Leaves the target's KV cache in a scratch state: prefill again before generating.
+    refresh=True measures again and replaces the cached profile (benchmarks: a profile taken on a busy machine
+    would skew the first rounds of `auto`). Leaves the target's KV cache in a scratch state: prefill again.
     """
     sizes = sorted({check_budget(int(n)) for n in sizes})
     key = profile_key(target)
     persist = cache and bool(getattr(target.config, "_name_or_path", ""))
-    stored = _MEMO.get(key) or (_load_profiles().get(key) if persist else None)
+    stored = None if refresh else _MEMO.get(key) or (_load_profiles().get(key) if persist else None)
     if stored and all(str(n) in stored or n in stored for n in sizes):
         prof = {int(k): float(v) for k, v in stored.items()}
         _MEMO[key] = prof

@@ -10,7 +10,7 @@ prompt, so drifting machine load hits every method alike), after one untimed war
   ar                   this project's plain decoding (engine.autoregressive)
   jetflow B=16, B=32   exact top-B trees        jetflow paper B=16   the paper's eager tree
   jetflow-branch B=16  branch-conditioned       ngram B=16           prompt lookup through the tree engine
-  jetflow auto         --budget auto (AdaptiveBudget from a measured verify-cost prior)
+  jetflow auto         --budget auto (AdaptiveBudget from a verify-cost prior measured afresh at the start)
 Speedups are total tokens / total seconds per set, against hf-ar, hf-prompt-lookup and ar. Also reported: whether
 each output is identical to HF greedy and to our AR, the draft share of the round at B=16 (Round.draft_s over
 draft_s + verify_s, as the engine times them), the budgets `auto` chose, and the batched tree builder's time
@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_tau import build_drafter, load_prompts  # noqa: E402
-from jetflow_sglang.budget import _cpu_model  # noqa: E402
+from jetflow_sglang.budget import _cpu_model, measure_cost_prior  # noqa: E402
 from jetflow_sglang.drafters import make_drafter  # noqa: E402
 from jetflow_sglang.engine import autoregressive, run  # noqa: E402
 
@@ -256,6 +256,7 @@ def main(argv=None) -> int:
     drafters = {(m[2], m[3]): (make_drafter("ngram") if m[2] == "ngram" else build_drafter(m[2], head, None, a.width, m[3]))
                 for m in methods if m[1] == "spec"}
     prompts = [(ds, target.encode_chat(p)) for ds in sets for p in load_prompts(ds, a.limit)]
+    prior = measure_cost_prior(target, refresh=True) if any(m[4] == "auto" for m in methods) else None
 
     for m in tqdm(methods, desc="warm-up"):  # one-time costs (allocations, auto's cost prior) stay out of the timing
         run_method(m, target, drafters, prompts[0][1], 8)
@@ -282,7 +283,8 @@ def main(argv=None) -> int:
             "machine": machine_info(target), "date": time.strftime("%Y-%m-%d %H:%M"), "dtype": a.dtype,
             "max_new_tokens": a.max_new_tokens, "prompts_per_set": a.limit, "width": a.width,
             "target": str(target.config.architectures), "head": a.head or "default",
-            "head_provenance": getattr(head.config, "extra", None), "methods": [m[0] for m in methods]}
+            "head_provenance": getattr(head.config, "extra", None), "methods": [m[0] for m in methods],
+            "auto_cost_prior_s": prior}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = "e2e" + (f"_{a.tag}" if a.tag else "")

@@ -185,3 +185,17 @@ def test_the_regret_ledger_caps_exploration_even_when_bounds_are_too_optimistic(
     monkeypatch.setattr(budget, "EXPLORE_FRAC", 1.0)  # without the cap the same bounds lose much more
     uncapped = total(lambda: AdaptiveBudget(cost_prior=prior), steep, 0.015, 0.5, tokens=300)
     assert uncapped > auto * 1.1, (uncapped, auto)
+
+
+def test_refresh_measures_again(monkeypatch):
+    from jetflow_sglang import budget
+    from tests.helpers import tiny_target
+
+    target = tiny_target(seed=3)
+    monkeypatch.setattr(budget, "_MEMO", {})
+    calls = []
+    monkeypatch.setattr(budget, "_time_verify", lambda t, sizes, reps: calls.append(1) or {n: 0.01 * n for n in sizes})
+    budget.measure_cost_prior(target, sizes=(1, 4))
+    budget.measure_cost_prior(target, sizes=(1, 4))
+    budget.measure_cost_prior(target, sizes=(1, 4), refresh=True)
+    assert len(calls) == 2
