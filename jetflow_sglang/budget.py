@@ -21,7 +21,6 @@ import json
 import math
 import os
 import platform
-import random
 import time
 from typing import Sequence
 
@@ -86,7 +85,7 @@ class AdaptiveBudget:
 
     def __init__(self, max_budget: int = 256, *, min_budget: int = 1, cost_prior: dict[int, float] | None = None,
                  draft_prior_s: float | None = None, allow_zero: bool = False, decay: float = 0.95,
-                 hysteresis: float = 0.05, seed: int = 0):
+                 hysteresis: float = 0.05):
         check_budget(max_budget)
         check_budget(min_budget)
         if min_budget > max_budget:
@@ -110,7 +109,6 @@ class AdaptiveBudget:
         self.elapsed = 0.0  # seconds of all observed rounds
         self.regret = 0.0  # seconds exploration rounds took beyond what the best budget would have needed
         self._pending: tuple[int, float] | None = None  # (explored budget, best rate when it was chosen)
-        self.rng = random.Random(seed)
 
     # ---- estimates ----------------------------------------------------------------------------------------------
     def tau(self, b: int) -> float | None:
