@@ -158,7 +158,7 @@ def open_page(browser, url):
 
 def choose(page, elem_id, label):
     page.locator(f"#{elem_id} input").click()
-    page.get_by_role("option", name=label, exact=True).click()
+    page.locator(f"#{elem_id}").get_by_role("option", name=label, exact=True).click()
 
 
 def set_slider(page, elem_id, value):
@@ -314,6 +314,8 @@ def test_side_by_side_two_drafters_and_big_trees(app, browser):
     page.locator("#jf-cmp-run").click()
     page.wait_for_function("""() => { const s = document.querySelector('#jf-cmp-stats').innerText;
         return s.includes('showing round') }""", timeout=120_000)
+    page.wait_for_function("""() => ['#jf-cmp-tree-a', '#jf-cmp-tree-b', '#jf-cmp-diag'].every(id =>
+        document.querySelector(id + ' .js-plotly-plot .main-svg'))""", timeout=30_000)
     trees = page.evaluate("""() => ['#jf-cmp-tree-a', '#jf-cmp-tree-b'].map(id => {
         const el = document.querySelector(id + ' .js-plotly-plot'); return el ? el.layout.title.text : null })""")
     assert trees[0].startswith("A · round 1") and trees[1].startswith("B · round"), trees
@@ -346,8 +348,8 @@ def test_results_tab_reads_the_benchmark_files(app, browser):
     for name, shot_name in (("tau.json", "explorer_results_cpu"), ("h200/tau.json", "explorer_results_h200")):
         choose(page, "jf-results", name)
         page.locator("#jf-load").click()
-        page.wait_for_function(f"document.querySelector('#jf-res-msg').innerText.includes({json.dumps(name)})",
-                               timeout=30_000)
+        page.wait_for_function(f"""() => {{ const el = document.querySelector('#jf-res-plot .js-plotly-plot');
+            return el && el.layout.title.text.startsWith({json.dumps(name)}) }}""", timeout=30_000)
         got = page.evaluate(colours)
         assert got["colours"] and all(len(v) == 1 for v in got["colours"].values()), got
         assert len({v[0] for v in got["colours"].values()}) == len(got["colours"])  # one colour per drafter
@@ -386,7 +388,7 @@ def test_stop_and_two_tabs_keep_their_own_state(app, browser):
     sync_api.expect(a.locator(".toast-wrap")).to_contain_text("stopping after this round", timeout=30_000)
     a_stats = a.locator("#jf-stats").inner_text()
     assert a_stats.startswith("stopped"), a_stats
-    assert "tokens 1024" not in a_stats and "ignores end-of-text" in a_stats
+    assert "· tokens 1024 ·" not in a_stats and "ignores end-of-text" in a_stats
     # tab B: its own run with another drafter must not leak into tab A
     assert b.locator("#jf-stats").inner_text().startswith("no rounds")
     b.locator("#jf-ex-code").click()

@@ -86,9 +86,10 @@ def build(models: Models, results_dir: Path = RESULTS_DIR) -> gr.Blocks:
         # minimum 0: Gradio refuses a slider with minimum == maximum, which one round would give
         scrub = gr.Slider(minimum=0, maximum=max(1, len(s.rounds)), value=max(1, k), step=1,
                           interactive=bool(s.rounds) and not s.running)
+        # the diagnostics are drawn once the run is over: redrawing three panels every update slows the page
         return (tree_of(s, k, *opts), s.text_html(k if not s.running else None), s.stats_markdown(),
-                F.accept_histogram(s.accept_lengths), scrub, diag_of({s.drafter or "run": s}),
-                export_button(s) if final else gr.skip())
+                F.accept_histogram(s.accept_lengths), scrub,
+                diag_of({s.drafter or "run": s}) if final else gr.skip(), export_button(s) if final else gr.skip())
 
     def busy_buttons():
         return gr.Button(value="Running…", interactive=False), gr.Button(value="Running…", interactive=False)
@@ -187,7 +188,7 @@ def build(models: Models, results_dir: Path = RESULTS_DIR) -> gr.Blocks:
                     if p.stop_requested:
                         s.stop_requested = True
                     if time.perf_counter() - last >= UPDATE_EVERY_S:
-                        yield cmp_view(p, None, colour, collapse, threshold, zoom)
+                        yield cmp_view(p, None, colour, collapse, threshold, zoom)[:4] + (gr.skip(),)
                         last = time.perf_counter()
                 s.running = False
         except Exception as e:
@@ -350,7 +351,7 @@ def build(models: Models, results_dir: Path = RESULTS_DIR) -> gr.Blocks:
                             load_btn = gr.Button("load", size="sm", variant="primary", elem_id="jf-load")
                             refresh = gr.Button("refresh list", size="sm")
                     res_msg = gr.Markdown("", elem_id="jf-res-msg")
-                    res_plot = gr.Plot(label="results", elem_id="jf-res-plot")
+                    res_plot = gr.Plot(show_label=False, elem_id="jf-res-plot")
                     res_defs = gr.Markdown(R.TAU_LINE, elem_id="jf-res-defs")
                     res_table = gr.Dataframe(headers=R.TAU_COLUMNS, label="rows (rounded)", interactive=False,
                                              elem_id="jf-res-table")

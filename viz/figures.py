@@ -220,9 +220,11 @@ def tree_figure(tree: DraftTree, path: Sequence[int] | None = None,
             customdata=[target_token], textfont=dict(size=11, color=ACCEPT),
             marker=dict(size=16, symbol="star", color="#ffd23f", line=dict(color=ACCEPT, width=1.5))))
     fig.update_layout(
-        title=title, showlegend=False, plot_bgcolor="white", margin=dict(l=10, r=10, t=40 if title else 10, b=30),
-        height=height,
-        xaxis=dict(title="depth", dtick=1, zeroline=False, showgrid=True, gridcolor="#eee"),
+        title=dict(text=title, font=dict(size=13)) if title else None, showlegend=False, plot_bgcolor="white",
+        margin=dict(l=10, r=10, t=40 if title else 10, b=30), height=height,
+        # room on the right for the deepest labels and the "+k more" notes
+        xaxis=dict(title="depth", dtick=1, zeroline=False, showgrid=True, gridcolor="#eee",
+                   range=[-0.3, max(tree.depths[i] for i in shown) + (1.6 if more else 0.9)]),
         yaxis=dict(visible=False), hoverlabel=dict(font_size=12, align="left"))
     return fig
 

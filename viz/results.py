@@ -154,7 +154,7 @@ def serving_figure(rf: ResultFile) -> go.Figure:
     """Throughput and mean latency against concurrency, one colour per configuration."""
     configs = sorted({str(pick(r, "config") or "?") for r in rf.rows}, key=lambda c: (c != "baseline", c))
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
-                        subplot_titles=("throughput (output tokens/s)", "latency per request (s)"))
+                        subplot_titles=("throughput (output tokens/s)", "mean latency per request (s)"))
     palette = ["#7f7f7f", "#1f77b4", "#2ca02c", "#e4572e", "#9467bd", "#8c564b", "#17becf", "#bcbd22"]
     levels = []
     for k, c in enumerate(configs):

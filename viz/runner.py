@@ -21,7 +21,7 @@ def stream(models: Models, s: Session, prompt: str, drafter: str, budget: int, t
     between rounds and the target's-view bookkeeping are not."""
     d = models.drafter(drafter)
     ids = models.target.encode_chat(prompt)
-    s.reset(prompt, drafter, budget, dict(temperature=temperature, max_tokens=max_tokens, eos=stop_at_eos,
+    s.reset(prompt, drafter, budget, dict(temperature=temperature, top_k=0, top_p=1.0, max_tokens=max_tokens, eos=stop_at_eos,
                                           width=WIDTH, seed=SEED, dtype=models.dtype))
     eos = models.eos_ids if stop_at_eos else ()
     rec = RecordingTarget(models.target)

@@ -139,8 +139,8 @@ class Session:
         s = self.settings
         eos = s.get("eos")
         parts = [f"drafter `{self.drafter}`", f"budget {self.budget}"]
-        for key, name in (("temperature", "temperature"), ("max_tokens", "max tokens"), ("width", "width"),
-                          ("dtype", "dtype"), ("seed", "seed")):
+        for key, name in (("temperature", "temperature"), ("top_k", "top-k"), ("top_p", "top-p"),
+                          ("max_tokens", "max tokens"), ("width", "width"), ("dtype", "dtype"), ("seed", "seed")):
             if key in s:
                 parts.append(f"{name} {s[key]}")
         if eos is not None:
