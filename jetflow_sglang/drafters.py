@@ -18,7 +18,7 @@ import torch
 
 from .context_kv import ContextKV
 from .head import MASK, JetFlowHead
-from .tree import DraftTree, best_first, chain, check_budget, per_depth
+from .tree import DraftTree, best_first, check_budget, per_depth
 from .tree_batch import TreeBatch, build_topb, build_topb_conditioned, root_only
 
 TREES = ("exact", "paper")

@@ -104,3 +104,21 @@ def test_context_grows_geometrically_and_appends_in_place():
     assert max(caps) < 4 * max(ctx.lens) and len(caps) <= 4  # doubling: few reallocations
     ctx.keep([1])
     assert ctx.lens == [reference[1].shape[1]] and torch.equal(ctx.views()[0][0][0, :, :ctx.lens[0]], reference[1])
+
+
+def test_target_topk_is_filled_only_when_asked(stacks):
+    target, head, _ = stacks["qwen3"]
+    drafter = make_drafter("jetflow", head)
+    prompt = [5, 6, 7, 5, 6, 7]
+    plain = list(generate(target, drafter, prompt, max_new_tokens=6, budget=8))
+    assert all(r.target_top is None for r in plain)
+    rounds = list(generate(target, drafter, prompt, max_new_tokens=6, budget=8, target_topk=3))
+    for r in rounds[1:]:
+        ids, probs = r.target_top
+        assert ids.shape == probs.shape == (len(r.tree), 3)
+        assert bool((probs[:, :-1] >= probs[:, 1:]).all()) and float(probs.max()) <= 1.0
+        # greedy: every accepted child is the target's top-1 at its parent
+        for parent, child in zip(r.path, r.path[1:]):
+            assert int(ids[parent, 0]) == r.tree.tokens[child]
+    with pytest.raises(ValueError):
+        list(generate(target, drafter, prompt, target_topk=-1))

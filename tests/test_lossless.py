@@ -65,9 +65,11 @@ def test_greedy_is_token_identical(stacks, chunk):
         ref = autoregressive(target, prompt, max_new_tokens=max_new, eos_ids=eos).tokens
         budget = rng.choice([1, 2, 3, 5, 8, 16, 17, 32, 64, 100, 128, 255, 256])
         name = rng.choice(list(DRAFTERS) + ["reftree"] * 4)
-        drafter = RefTreeDrafter(len(prompt), full, rng) if name == "reftree" else make_drafter(name, head, bidir, width=rng.randint(1, 8))
+        tree = rng.choice(["exact", "exact", "paper"])  # the exact vectorized builder is the default path
+        drafter = RefTreeDrafter(len(prompt), full, rng) if name == "reftree" else \
+            make_drafter(name, head, bidir, width=rng.randint(1, 8), tree=tree)
         res = run(target, drafter, prompt, max_new_tokens=max_new, budget=budget, eos_ids=eos)
-        assert res.tokens == ref, f"case {case}: {fam} {name} budget={budget} max_new={max_new} eos={eos}"
+        assert res.tokens == ref, f"case {case}: {fam} {name} ({tree}) budget={budget} max_new={max_new} eos={eos}"
         last = res.rounds[-1]
         if last.tree is not None and len(last.new_tokens) < len(last.path):
             inside += 1  # the stop (EOS or limit) cut an accepted path short

@@ -1,5 +1,4 @@
 """The vectorized builder must pick the same trees as the reference best_first(eager=False), tie rule included."""
-import random
 
 import pytest
 import torch
