@@ -140,7 +140,7 @@ pipeline)  # internal: the timed plan, started by `plan` in its own process sess
   new=$(cat "$pd"/new.*.jsonl 2>/dev/null | $PY -c "import json,sys; print(sum(len(r['ids'])-r['prompt_len'] for r in map(json.loads, sys.stdin)))")
   log "regenerated $new new continuation tokens in $(( $(date +%s) - t0 )) s"
   log "train both heads until $(date -d @$((end - 25)) +%T)"
-  $PY scripts/train_head.py --target "$TARGET" --data ${base:+"$base"} "$pd"/new.*.jsonl --run "$pd/run" \
+  $PY scripts/train_head.py --target "$TARGET" --data ${base:+"$base"} "$pd"/new.*.jsonl --run-dir "$pd/run" \
     --until $((end - 25)) --ckpt-minutes $CKPT_MIN --export-every-ckpt --no-feature-files --device $DEVICE \
     --seqs $SEQS --blocks $BLOCKS --lr "$LR" --gamma "$GAMMA" --layers "$LAYERS" --vocab "$VOCAB" --branch-prob "$BRANCH" \
     --eval-every $EVAL_EVERY --threads $THREADS --out-causal "$pd/heads/$HEAD_NAME" --out-bidir "$pd/heads/$HEAD_NAME-bidir" \

@@ -33,7 +33,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=None, help="HF folder of the target (default: the packaged SmolLM2)")
     ap.add_argument("--data", nargs="+", required=True, help="regeneration jsonl file(s) from scripts/regenerate.py")
-    ap.add_argument("--run", required=True, help="run folder: feature cache, checkpoint, log.jsonl, summary.json")
+    ap.add_argument("--run-dir", "--run", dest="run", required=True,
+                    help="run folder: feature cache, checkpoint, log.jsonl, summary.json (under torchrun spell it "
+                         "--run-dir: torchrun's own parser takes --run for its --run-path)")
     ap.add_argument("--heads", default="causal,bidir", help="which heads to train together: causal, bidir or both")
     ap.add_argument("--out-causal", default=str(DEFAULT_HEAD_DIR))
     ap.add_argument("--out-bidir", default=str(DEFAULT_HEAD_DIR) + "-bidir")

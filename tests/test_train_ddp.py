@@ -142,7 +142,7 @@ def test_torchrun_trains_and_resumes_with_another_world_size(tmp_path):
             f.write(json.dumps(r) + "\n")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     args = ["scripts/train_head.py", "--target", str(tmp_path / "target"), "--data", str(tmp_path / "data.jsonl"),
-            "--run", str(tmp_path / "run"), "--vocab", "96", "--taps", "2", "--seqs", "2", "--blocks", "4",
+            "--run-dir", str(tmp_path / "run"), "--vocab", "96", "--taps", "2", "--seqs", "2", "--blocks", "4",
             "--minutes", "0", "--eval-every", "3", "--log-every", "1", "--eval-frac", "0.2", "--threads", "1",
             "--out-causal", str(tmp_path / "head"), "--out-bidir", str(tmp_path / "head-bidir")]
     run = lambda pre, steps: subprocess.run(pre + args + ["--steps", str(steps)], cwd=ROOT, env=env,  # noqa: E731
