@@ -176,7 +176,7 @@ def main(argv=None) -> int:
     ap.add_argument("--drafter", default=None, help="JETFLOW_DRAFTER (default: jetflow with a head, else ngram)")
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
-    ap.add_argument("--prefix-concurrency", type=int, nargs="+", default=[1, 4],
+    ap.add_argument("--prefix-concurrency", type=int, nargs="*", default=[1, 4],
                     help="concurrency levels of the shared-prefix workload (none: skip it)")
     ap.add_argument("--requests", type=int, default=16, help="requests per concurrency level")
     ap.add_argument("--prefix-tokens", type=int, default=400)
@@ -218,10 +218,11 @@ def main(argv=None) -> int:
         try:
             srv.wait_ready()
         except (RuntimeError, TimeoutError) as e:
-            failures[name] = str(e).strip().splitlines()[-1][:300] + f" (server log: {srv.log})"
+            failures[name] = f"did not start: {_last_error(srv.log)}"
             srv.stop()
             bar.update(levels)
             continue
+        done = 0
         try:
             stream_one(srv.url, mixed[0], 4)  # warm-up
             for wname, prompts, levels_c in workloads:
@@ -232,6 +233,10 @@ def main(argv=None) -> int:
                     row["server"] = server_state(srv)
                     results.append(row)
                     bar.update(1)
+                    done += 1
+        except requests.RequestException as e:  # the server died mid-run: say why, keep the other configs
+            failures[name] = f"{type(e).__name__} after {done} levels; server: {_last_error(srv.log)}"
+            bar.update(levels - done)
         finally:
             srv.stop()
     bar.close()
@@ -242,6 +247,18 @@ def main(argv=None) -> int:
             "sglang": _version("sglang"), "torch": _version("torch"), "date": time.strftime("%Y-%m-%d %H:%M")}
     print(write_report(out, meta, results, failures))
     return 0
+
+
+def _last_error(log: Path) -> str:
+    """The exception line of a server log (e.g. 'NotImplementedError: ...'), else its last line mentioning an error."""
+    import re
+
+    lines = [ln.strip() for ln in Path(log).read_text(errors="replace").splitlines()]
+    exc = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception): ", ln)]
+    other = [ln for ln in lines if "rror" in ln and "Ignore import error" not in ln and "server_args=" not in ln
+             and "Pyspy" not in ln and "coredump" not in ln]
+    pick = (exc or other or ["no error in the log"])[-1]
+    return pick[:300] + f" (log: {log})"
 
 
 def _version(name: str) -> str:

@@ -5,7 +5,6 @@ One JETFLOW server (auto, an untrained head whose drafts are almost never accept
 look expensive, a 4096-token KV pool, a context longer than the pool) and one plain server with the same pool."""
 from __future__ import annotations
 
-import concurrent.futures as cf
 import json
 import os
 import sys
@@ -72,19 +71,18 @@ def _state(srv) -> dict:
 
 
 def test_auto_falls_back_to_plain_decoding(servers, models):
+    """Batch 1 with an untrained head: a tree costs a head forward and a larger verify for ~no accepted draft, so
+    `auto` must decode plainly (budget 0/1) nearly always; the output stays exactly greedy."""
     spec, _ = servers
     before = _state(spec)
-    prompts = [[5 + i, 17, 42, 99, 3 * i + 1] for i in range(4)]
-    body = lambda ids: dict(input_ids=ids, sampling_params={"max_new_tokens": 24, "temperature": 0,  # noqa: E731
-                                                            "ignore_eos": True})
-    with cf.ThreadPoolExecutor(4) as pool:
-        outs = list(pool.map(lambda ids: spec.generate(**body(ids)), prompts))
+    prompts = [[5 + i, 17, 42, 99, 3 * i + 1] for i in range(3)]
+    outs = [spec.generate(input_ids=ids, sampling_params={"max_new_tokens": 24, "temperature": 0, "ignore_eos": True})
+            for ids in prompts]
     after = _state(spec)
     plain_steps = after["plain_steps"] - before["plain_steps"]
     steps = after["steps"] - before["steps"]
-    assert steps > 0 and plain_steps >= steps // 2, after  # the warm-up rounds may try a tree, then it stays plain
-    assert after["recent_budgets"][-1] <= 1
-    assert all(b <= 1 for b in after["recent_budgets"][-4:]), after["recent_budgets"]
+    assert steps >= 60 and plain_steps >= 0.75 * steps, after  # a few exploring rounds may try a tree
+    assert sum(b <= 1 for b in after["recent_budgets"][-8:]) >= 6, after["recent_budgets"]
     for ids, out in zip(prompts, outs):
         assert out["output_ids"] == hf_greedy(models[0], ids, 24, stop_at_eos=False)
 
