@@ -37,15 +37,16 @@ def is_rank0() -> bool:
 
 
 def broadcast_from_rank0(tensors: list[torch.Tensor]) -> None:
-    """Overwrite each tensor in place with rank 0's values (same shapes and dtypes on every rank; contiguous).
-    No-op at tp=1. Bool tensors travel as uint8 (gloo has no bool)."""
+    """Overwrite each tensor in place with rank 0's values (same shapes and dtypes on every rank). No-op at tp=1.
+    Non-contiguous tensors travel through a contiguous copy; bool tensors travel as uint8 (gloo has no bool)."""
     g = _group()
     if g is None or int(g.world_size) == 1:
         return
     for t in tensors:
-        if not t.is_contiguous():
-            raise ValueError("broadcast_from_rank0 needs contiguous tensors (it writes them in place)")
-        g.broadcast(t.view(torch.uint8) if t.dtype == torch.bool else t, src=0)
+        buf = t if t.is_contiguous() else t.contiguous()
+        g.broadcast(buf.view(torch.uint8) if buf.dtype == torch.bool else buf, src=0)
+        if buf is not t:
+            t.copy_(buf)
 
 
 def broadcast_object_from_rank0(obj):
