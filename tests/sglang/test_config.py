@@ -1,6 +1,7 @@
 """JetFlowServerConfig: every documented combination of SGLang flags and JETFLOW_* variables, and one-line errors."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -148,3 +149,34 @@ def test_drafter_names_match_the_core():
 
     assert set(config.DRAFTERS) == set(drafters.DRAFTERS)
     assert set(config.HEAD_DRAFTERS) <= set(drafters.DRAFTERS)
+
+
+# -- through SGLang's own record and resolution recorder (what the launcher and the schedulers see) ---------------
+@pytest.mark.parametrize("env,flag,want", [({"JETFLOW_BUDGET": "16"}, None, (16, False)),
+                                           ({"JETFLOW_BUDGET": "auto"}, None, (8, True)),
+                                           ({"JETFLOW_BUDGET": "auto"}, 12, (12, True)),
+                                           ({"JETFLOW_BUDGET": "16"}, 16, (16, False))])
+def test_plugin_declares_the_budget_on_sglang_record(env, flag, want, monkeypatch):
+    if os.environ.get("JETFLOW_SKIP_SGLANG") == "1":
+        pytest.skip("no SGLang")
+    pytest.importorskip("sglang")
+    from sglang.srt.arg_groups.overrides import record_foreign_defaults, resolving_view
+    from sglang.srt.server_args import ServerArgs
+
+    from jetflow_sglang.sglang.plugin import _spec_class
+
+    for k in ("JETFLOW_BUDGET", "JETFLOW_DRAFTER", "JETFLOW_TREE", "JETFLOW_COST_PRIOR"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    sa = ServerArgs(model_path=HEADS["causal"], device="cpu", speculative_algorithm="JETFLOW",
+                    speculative_draft_model_path=HEADS["causal"], speculative_num_draft_tokens=flag,
+                    speculative_eagle_topk=4, speculative_num_steps=3)
+    spec = _spec_class()("JETFLOW", factory=lambda sa: None)
+    record_foreign_defaults(sa, "test", spec.handle_server_args)
+    view = resolving_view(sa)
+    assert (view.speculative_num_draft_tokens, view.speculative_eagle_topk, view.speculative_num_steps) == \
+        (want[0], 1, 1)  # what SGLang sizes its KV reservation from
+    assert view.disable_overlap_schedule and not view.disable_radix_cache
+    c = JetFlowServerConfig.from_server_args(sa)  # what each scheduler's worker computes from the same record
+    assert (c.budget, c.adaptive, c.width, c.depth) == (*want, 4, 3)
