@@ -306,9 +306,10 @@ def build(models: Models, results_dir: Path = RESULTS_DIR) -> gr.Blocks:
                             tree_plot = gr.Plot(show_label=False, elem_id="jf-tree")
                         with gr.Column(scale=2, min_width=240):
                             text = gr.HTML('<div class="jf-text"></div>', elem_id="jf-text")
-                    diag = gr.Plot(label="acceptance diagnostics of this run (tried = the parent was accepted)",
-                                   elem_id="jf-diag")
-                    hist = gr.Plot(label="accept-length histogram", elem_id="jf-hist")
+                    gr.Markdown("<small>acceptance diagnostics of this run: a node is *tried* when its parent was "
+                                "accepted; hover for counts</small>")
+                    diag = gr.Plot(show_label=False, elem_id="jf-diag")
+                    hist = gr.Plot(show_label=False, elem_id="jf-hist")
                 with gr.Tab("Side by side"):
                     with gr.Row():
                         cmp_a = gr.Dropdown([(k, v) for k, v in DRAFTERS if v in available], value=available[0],
@@ -325,7 +326,7 @@ def build(models: Models, results_dir: Path = RESULTS_DIR) -> gr.Blocks:
                     with gr.Row(equal_height=False):
                         cmp_tree_a = gr.Plot(show_label=False, elem_id="jf-cmp-tree-a")
                         cmp_tree_b = gr.Plot(show_label=False, elem_id="jf-cmp-tree-b")
-                    cmp_diag = gr.Plot(label="diagnostics, A and B overlaid", elem_id="jf-cmp-diag")
+                    cmp_diag = gr.Plot(show_label=False, elem_id="jf-cmp-diag")
                 with gr.Tab("Budget sweep"):
                     gr.Markdown(f"Runs the prompt on the left at budgets {list(BUDGETS)} for each chosen drafter, "
                                 "plus autoregressive decoding once for the speedup baseline.")

@@ -236,7 +236,8 @@ def accept_histogram(accept_lengths: Sequence[int]) -> go.Figure:
         counts[int(a)] += 1
     xs = sorted(counts)
     fig = go.Figure(go.Bar(x=xs, y=[counts[x] for x in xs], marker_color=ACCEPT, name="rounds"))
-    fig.update_layout(height=260, margin=dict(l=10, r=10, t=30, b=30), title="tokens per round",
+    fig.update_layout(height=240, margin=dict(l=10, r=10, t=30, b=30), title="tokens committed per round",
+                      plot_bgcolor="white",
                       xaxis=dict(title="tokens committed", dtick=1), yaxis=dict(title="rounds"))
     return fig
 

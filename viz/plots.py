@@ -60,7 +60,7 @@ def diagnostics_figure(runs: dict[str, Sequence[tuple]], height: int = 330) -> g
     fig.update_yaxes(range=[0, 1.05], row=1, col=3)
     fig.update_xaxes(title_text="depth", dtick=1, row=1, col=1)
     fig.update_xaxes(title_text="sibling rank (by draft p)", row=1, col=2)
-    fig.update_xaxes(title_text="draft per-step p (10 bins; marker size = count)", range=[0, 1], row=1, col=3)
+    fig.update_xaxes(title_text="draft per-step p (10 bins)", range=[0, 1], row=1, col=3)
     fig.update_layout(height=height, margin=dict(l=10, r=10, t=40, b=40), barmode="group",
                       legend=dict(orientation="h", y=-0.28, x=0), plot_bgcolor="white")
     fig.update_xaxes(showgrid=True, gridcolor="#eee")
