@@ -3,18 +3,13 @@ request's output tokens + the drafted tokens on the node's path). The server-lev
 test_sglang_server.py (test_penalties_per_path_match_hf_and_plain)."""
 from __future__ import annotations
 
-import os
 import types
 
-import pytest
 import torch
 
-if os.environ.get("JETFLOW_SKIP_SGLANG") == "1":
-    pytest.skip("SGLang not installed", allow_module_level=True)
-
-from jetflow_sglang.sglang.penalties import PathPenalties  # noqa: E402
-from jetflow_sglang.tree import DraftTree  # noqa: E402
-from jetflow_sglang.tree_batch import TreeBatch  # noqa: E402
+from jetflow_sglang.sglang.penalties import PathPenalties
+from jetflow_sglang.tree import DraftTree
+from jetflow_sglang.tree_batch import TreeBatch
 
 V = 12
 STOP = 11
