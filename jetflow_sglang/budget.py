@@ -31,7 +31,7 @@ FIRST_CAP = 16  # the first choice never exceeds this (and never the largest run
 PRIOR_SLOPE = 0.35  # tau prior before any tree is verified: 1 + PRIOR_SLOPE * log2(b)
 WARMUP = 2  # rounds at the first choice before deciding
 GAIN_SD_FLOOR = 0.3  # a gain's spread is not known from one or two rounds
-EXPLORE_FRAC = 0.05  # exploration may cost at most this share of the time (regret ledger, see _can_afford)
+EXPLORE_FRAC = 0.03  # exploration may cost at most this share of the time (regret ledger, see _can_afford)
 UCB_C = 1.0  # width of the confidence bound on tau, in standard deviations at log(rounds) = 1
 NEUTRAL_PRIOR = {1: 1.0, 64: 2.0, 256: 5.0}  # relative verify cost when nothing is measured
 
@@ -149,10 +149,17 @@ class AdaptiveBudget:
         known = [r for r in self.draft_s if r >= 2]
         return self.draft_s[min(known, key=lambda r: abs(math.log2(r) - math.log2(rung)))] if known else self.draft_prior
 
-    def round_cost(self, b: int, batch: int) -> float:
+    def cost_lower(self, n_tokens: int) -> float:
+        """An optimistic verify cost: a tree is never cheaper to verify than a smaller measured one, and may cost no
+        more (a wrong prior, e.g. profiled on a busy machine, must not hide a cheap budget forever)."""
+        bucket = _bucket(n_tokens)
+        below = [k for k in self.verify_s if k <= bucket]
+        return self.verify_s[max(below)] if below else self.cost(n_tokens)
+
+    def round_cost(self, b: int, batch: int, optimistic: bool = False) -> float:
         if b == 0:
             return self.plain_s.get(_bucket(batch)) or self.cost(batch)
-        return self.draft_cost(b) + self.cost(batch * b)
+        return self.draft_cost(b) + (self.cost_lower if optimistic else self.cost)(batch * b)
 
     def _largest_observed(self) -> int | None:
         seen = [b for b, a in self.inc.items() if a.w > 0.5]
@@ -177,7 +184,7 @@ class AdaptiveBudget:
 
     def rate(self, b: int, batch: int = 1, optimistic: bool = False) -> float | None:
         tau = self.tau_optimistic(b) if optimistic else self.tau(b)
-        return None if tau is None else batch * tau / self.round_cost(b, batch)
+        return None if tau is None else batch * tau / self.round_cost(b, batch, optimistic)
 
     # ---- decisions ----------------------------------------------------------------------------------------------
     def choose(self, batch: int = 1) -> int:
@@ -192,9 +199,11 @@ class AdaptiveBudget:
             best = cur  # hysteresis: stay unless another budget is clearly better
         self.current = best
         bar = (1 + self.hysteresis) * self.rate(best, batch)
-        top = self._largest_observed() or 1
-        # only larger trees teach something new; never more than one doubling past what has been seen
-        bigger = [b for b in self.ladder if b > max(best, 1) and (b <= top or b == self._next_rung(top))]
+        top = self._largest_observed()
+        # only larger trees teach something new; never more than one doubling past what has been seen (before any
+        # tree was seen: up to FIRST_CAP, one tree then measures every smaller budget)
+        reach = (self._next_rung(top) or top) if top is not None else FIRST_CAP
+        bigger = [b for b in self.ladder if max(best, 1) < b <= reach]
         if bigger:
             cand = max(bigger, key=lambda b: self.rate(b, batch, optimistic=True))
             if self.rate(cand, batch, optimistic=True) > bar and self._can_afford(cand, best, batch):

@@ -199,3 +199,19 @@ def test_refresh_measures_again(monkeypatch):
     budget.measure_cost_prior(target, sizes=(1, 4))
     budget.measure_cost_prior(target, sizes=(1, 4), refresh=True)
     assert len(calls) == 2
+
+
+def test_a_wrong_pessimistic_prior_is_unlearnt():
+    """The prior (measured on a busy machine) says trees cost a lot; on the real machine they are cheap."""
+    steep = {n: 0.030 + 0.012 * (n - 1) for n in (1, 4, 16, 64)}
+    flat = lambda n: 0.030 + 0.0002 * n  # noqa: E731
+    ctl = AdaptiveBudget(cost_prior=steep)
+    assert ctl.choose() == 1
+    _, ctl = simulate(ctl, flat, draft=0.004, p=0.8, tokens=400)
+    assert ctl.choose() >= 8, ctl.choose()
+
+
+def test_max_budget_is_reachable():
+    flat = lambda n: 0.020 + 0.00001 * n  # noqa: E731
+    _, ctl = simulate(AdaptiveBudget(max_budget=32, cost_prior={1: 0.02, 64: 0.021}), flat, 0.001, 0.95, tokens=300)
+    assert ctl.choose() == 32
