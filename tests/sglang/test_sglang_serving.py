@@ -102,3 +102,88 @@ def test_nearly_full_pool_shrinks_the_tree_instead_of_failing(servers):
     assert requests.get(spec.url + "/health", timeout=30).ok
     ok = spec.generate(input_ids=[5, 6, 7], sampling_params={"max_new_tokens": 8, "temperature": 0})
     assert len(ok["output_ids"]) >= 1
+
+
+# -- the worker's device-side pieces, against the host reference implementations (no server) ---------------------
+def _random_trees(b=5, depth=4, width=3, vocab=11, budget=9, seed=0):
+    from jetflow_sglang.tree_batch import build_topb
+
+    g = torch.Generator().manual_seed(seed)
+    anchor = torch.randint(0, vocab, (b,), generator=g)
+    lps = torch.randn(b, depth, width, generator=g).log_softmax(-1).sort(-1, descending=True).values
+    toks = torch.stack([torch.stack([torch.randperm(vocab, generator=g)[:width] for _ in range(depth)])
+                        for _ in range(b)])
+    return build_topb(anchor, toks, lps, budget)
+
+
+def test_device_greedy_accept_matches_host_rule():
+    from jetflow_sglang.sglang.accept import greedy_path, path_from_last, to_sglang
+    from jetflow_sglang.verify import greedy_accept
+
+    tb = _random_trees()
+    b, n = tb.tokens.shape
+    g = torch.Generator().manual_seed(1)
+    argmax = torch.randint(0, 11, (b, n), generator=g)
+    for i in range(b):  # plant accepted chains of different lengths
+        t, node = tb.tree(i), 0
+        for _ in range(i % 4):
+            kids = t.children(node)
+            if not kids:
+                break
+            node = kids[-1]
+            argmax[i, t.parents[node]] = t.tokens[node]
+    last, bonus = greedy_path(tb.tokens, tb.parents, tb.depths, tb.sizes, argmax, n - 1)
+    path = path_from_last(tb.parents, tb.depths, last, n - 1)
+    predict, accept_index, accept_lens, emitted = to_sglang(tb.tokens, path, bonus, n)
+    for i in range(b):
+        t = tb.tree(i)
+        ref_path, ref_bonus = greedy_accept(t, argmax[i, :len(t)].tolist())
+        assert [x for x in path[i].tolist() if x >= 0] == ref_path
+        toks = [t.tokens[x] for x in ref_path[1:]] + [ref_bonus]
+        assert int(accept_lens[i]) == len(ref_path)
+        assert emitted[i, :len(toks)].tolist() == toks
+        assert predict[accept_index[i, :len(toks)].long()].tolist() == toks
+
+
+def test_device_rejection_sampling_follows_the_target():
+    from jetflow_sglang.sglang.accept import sample_path, to_sglang
+
+    tb = _random_trees(b=1, depth=3, width=3, vocab=6, budget=8, seed=2)
+    reps = 20000
+    g = torch.Generator().manual_seed(3)
+    probs = torch.rand(1, 8, 6, generator=g) ** 2
+    probs = probs / probs.sum(-1, keepdim=True)
+    rep = lambda x: x.expand(reps, *x.shape[1:]).contiguous()  # noqa: E731
+    chosen, bonus = sample_path(rep(tb.tokens), rep(tb.parents), tb.sizes.expand(reps), rep(probs), 3, 3, g)
+    path = torch.cat([torch.zeros_like(chosen[:, :1]), chosen], 1)
+    _, _, lens, emitted = to_sglang(rep(tb.tokens), path, bonus, 8)
+    first = torch.bincount(emitted[:, 0], minlength=6).float() / reps
+    p0 = probs[0, 0]
+    assert ((first - p0).abs() / (p0 * (1 - p0) / reps).sqrt()).max() < 4.5  # the root's distribution exactly
+    t = tb.tree(0)
+    for c in t.children(0):  # the next token, given an accepted child, follows that child's distribution
+        sel = (emitted[:, 0] == t.tokens[c]) & (lens >= 2)
+        second = torch.bincount(emitted[sel, 1], minlength=6).float() / sel.sum()
+        pc = probs[0, c]
+        assert ((second - pc).abs() / (pc * (1 - pc) / sel.sum()).sqrt().clamp(min=1e-9)).max() < 4.5
+
+
+def test_verify_mask_and_links_on_device():
+    from jetflow_sglang.sglang.verify_input import tree_links, verify_mask
+
+    tb = _random_trees()
+    n = tb.tokens.shape[1]
+    first, sib = tree_links(tb.parents, tb.sizes)
+    for i in range(tb.batch):
+        t = tb.tree(i)
+        for node in range(len(t)):
+            kids = t.children(node)
+            assert first[i, node] == (kids[0] if kids else -1)
+            for a, c in zip(kids, kids[1:]):
+                assert sib[i, a] == c
+    anc, lens = tb.ancestor_mask(), torch.tensor([3, 0, 5, 2, 1])
+    full = verify_mask(anc, lens, True, 5)
+    ref = torch.cat([torch.cat([torch.ones(n, int(L), dtype=torch.bool), anc[i]], 1).flatten()
+                     for i, L in enumerate(lens)])
+    assert torch.equal(full, ref)
+    assert torch.equal(verify_mask(anc, lens, False), anc.reshape(-1))
