@@ -169,6 +169,9 @@ def test_device_rejection_sampling_follows_the_target():
 
 
 def test_verify_mask_and_links_on_device():
+    from jetflow_sglang.sglang import cpu_ops
+
+    cpu_ops.install()  # verify_input imports SGLang's spec modules (sgl_kernel/torchvision shims on CPU)
     from jetflow_sglang.sglang.verify_input import tree_links, verify_mask
 
     tb = _random_trees()
