@@ -29,11 +29,9 @@ class State:
     tokens: list[int]  # committed tokens; the head's context rows when it has one
     ctx: ContextKV | None = None  # the head's context K/V (b = 1), grown in place
     extra: dict = field(default_factory=dict)
-
-    @property
-    def ctx_kv(self):
-        """Per-layer (k, v) [1, Hkv, T, D] views of the context, or None without a head."""
-        return self.ctx.views() if self.ctx is not None else None
+    # committed tap rows not yet projected into `ctx`: plain-decoding rounds (budget 1) only queue them, and the
+    # next head forward projects them all at once, so a budget-1 round costs what a plain decoding step costs
+    pending: list = field(default_factory=list)
 
 
 @runtime_checkable
@@ -144,11 +142,17 @@ class HeadDrafter:
 
     @torch.no_grad()
     def advance(self, state: State, tokens, taps) -> None:
-        """Append the committed rows' K/V in place: O(new tokens) per round."""
+        """Queue the committed rows; their K/V is appended in place (O(new tokens)) before the next head forward."""
         tokens = [int(t) for t in tokens]
         if tokens:
-            state.ctx.append(self.context_kv(taps, len(state.tokens)), [len(tokens)])
+            state.pending.append(torch.as_tensor(taps)[: len(tokens)])
             state.tokens.extend(tokens)
+
+    def _flush(self, state: State) -> None:
+        if state.pending:
+            rows = torch.cat(state.pending) if len(state.pending) > 1 else state.pending[0]
+            state.ctx.append(self.context_kv(rows, len(state.tokens) - rows.shape[0]), [rows.shape[0]])
+            state.pending.clear()
 
     # -- batched forwards ------------------------------------------------------------------------------------
     def _ctx_mask(self, ctx_lens: torch.Tensor, rows: int, t: int) -> torch.Tensor:
@@ -235,8 +239,13 @@ class HeadDrafter:
         return TreeBatch.from_trees(trees, budget, self.device)
 
     # -- single request (the batched path with b = 1) --------------------------------------------------------
+    def context(self, state: State) -> list:
+        """Per-layer (k, v) [1, Hkv, T, D] views of the request's whole committed context (queued rows projected)."""
+        self._flush(state)
+        return state.ctx.views()
+
     def _one(self, state: State):
-        return state.ctx.views(), torch.tensor([len(state.tokens)], device=self.device)
+        return self.context(state), torch.tensor([len(state.tokens)], device=self.device)
 
     @torch.no_grad()
     def block_logprobs(self, state: State, anchor: int) -> torch.Tensor:

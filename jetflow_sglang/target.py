@@ -104,6 +104,8 @@ class Target:
         dev, n = self.device, len(tree)
         ids = torch.tensor(tree.tokens, dtype=torch.long, device=dev)
         positions = self.length + torch.tensor(tree.depths, dtype=torch.long, device=dev)
+        if n == 1:  # a root-only tree is a plain decoding step: causal attention, no tree mask
+            return self._forward(ids, positions, None)
         if self.model.config._attn_implementation == tree_attn.NAME:  # the mask travels packed: N x ceil(N/32) words
             with tree_attn.tree_mask_context(tree.packed_mask(), self.length):
                 return self._forward(ids, positions, None)
@@ -115,6 +117,9 @@ class Target:
 
     def commit(self, path: list[int]) -> None:
         """Keep the KV rows of the accepted nodes (root first) after the prefix; drop the rest of the tree."""
+        if len(path) == 1 and self.cache.get_seq_length() == self.length + 1:  # root only: its row is in place
+            self.length += 1
+            return
         src = self.length + torch.tensor(path, dtype=torch.long, device=self.device)
         end = self.length + len(path)
         for layer in self.cache.layers:  # move only the accepted rows; the prefix stays where it is
