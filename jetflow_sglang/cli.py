@@ -134,7 +134,7 @@ def cmd_generate(a) -> int:
 
         div = first_divergence(target, list(ids), res.tokens, ar.tokens)
     summary = {
-        "text": text, "tokens": res.tokens, "drafter": drafter.name, "budget": a.budget, "dtype": a.dtype,
+        "text": text, "tokens": res.tokens, "drafter": drafter.name, "budget": a.budget, "dtype": str(target.dtype).removeprefix("torch."),
         "tree": a.tree, "depth": getattr(drafter, "depth", None),
         "temperature": a.temperature, "new_tokens": len(res.tokens), "verify_steps": res.steps,
         "tau": round(res.tau, 4), "tokens_per_s": round(res.tokens_per_s, 3),
@@ -181,9 +181,9 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=nonneg_int, default=0)
     g.add_argument("--top-p", type=finite_float, default=1.0)
     g.add_argument("--max-new-tokens", type=positive_int, default=128)
-    g.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"],
-                   help="bfloat16 (default): ~1.5x faster on CPU, but a batched verify may round a near-tie differently "
-                        "from a one-token step; float32: greedy output bit-identical to autoregressive decoding")
+    g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float16"],
+                   help="auto (default): bfloat16 on CUDA or a CPU with native bf16 (AVX512-BF16/AMX), else float32. bfloat16 may "
+                        "round a near-tie differently in a batched verify; float32 greedy is bit-identical to AR")
     g.add_argument("--target", help="HF model folder (default: SmolLM2-135M-Instruct, converted on first use)")
     g.add_argument("--head", help=f"draft head folder: this project's format, a JetFlow release or a DFlash release "
                                   f"(default: {DEFAULT_HEAD_DIR})")

@@ -13,7 +13,7 @@ from .head import BIDIRECTIONAL_DRAFTERS, attach_head, drafter_for, load_head, r
 from .paths import DEFAULT_HEAD_DIR, bidir_dir, default_paths, resolve_dir
 
 TREES = ("exact", "paper")
-DTYPE_NAMES = ("bfloat16", "float32", "float16", "bf16", "fp32", "fp16")
+DTYPE_NAMES = ("auto", "bfloat16", "float32", "float16", "bf16", "fp32", "fp16")
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 NO_HEAD = ("ngram", "ar")
 
@@ -62,7 +62,7 @@ def pick_head(head_dir, drafter: str | None, target_config=None):
     return head_dir, cfg, drafter_for(cfg, drafter)
 
 
-def load_stack(target_dir=None, head_dir=None, dtype="bfloat16", drafter="jetflow", width=8, device="cpu",
+def load_stack(target_dir=None, head_dir=None, dtype="auto", drafter="jetflow", width=8, device="cpu",
                tree="exact", depth=None):
     """(Target, Drafter) ready to generate. drafter=None picks the head's kind (causal: jetflow; bidirectional:
     ddtree). Heads are loaded only for drafters that use them."""

@@ -41,6 +41,17 @@ def target_config(path):
     return cfg
 
 
+def resolve_dtype(name: str, device: str = "cpu") -> str:
+    """'auto': bfloat16 where matrix maths runs natively in it (CUDA, or a CPU with AVX512-BF16 or AMX), else
+    float32. Without native bf16 a CPU emulates it, and a multi-token verify then costs several one-token steps."""
+    if name != "auto":
+        return name
+    if str(device).startswith("cuda"):
+        return "bfloat16"
+    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    return "bfloat16" if native else "float32"
+
+
 class Target:
     """Batch-1 wrapper owning one KV cache. `length` counts committed tokens in the cache."""
 
@@ -52,7 +63,8 @@ class Target:
         self.length = 0
 
     @classmethod
-    def from_pretrained(cls, path, dtype: str = "bfloat16", device: str = "cpu", tap_layers=None) -> "Target":
+    def from_pretrained(cls, path, dtype: str = "auto", device: str = "cpu", tap_layers=None) -> "Target":
+        dtype = resolve_dtype(dtype, device)
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}; got {dtype!r}")
         # jetflow_tree: the Triton tree kernel on CUDA, SDPA with a bool tree mask on CPU; plain SDPA outside verify.

@@ -228,7 +228,7 @@ def parse_args(argv=None):
     ap.add_argument("--width", type=int, default=8)
     ap.add_argument("--head", default=None, help="draft head folder (default: the shipped head)")
     ap.add_argument("--target", default=None, help="HF model folder (default: SmolLM2-135M-Instruct)")
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default="auto", help="auto: bfloat16 where the hardware runs it natively, else float32")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--tag", default="", help="write e2e_<tag>.* instead of e2e.*")
@@ -280,7 +280,7 @@ def main(argv=None) -> int:
     builder = time_builder()
     auto_hist = collections.Counter(b for r in records if r["method"] == "jetflow auto" for b in r["budgets"])
     meta = {"command": "python " + " ".join(shlex.quote(x) for x in [sys.argv[0]] + (argv if argv is not None else sys.argv[1:])),
-            "machine": machine_info(target), "date": time.strftime("%Y-%m-%d %H:%M"), "dtype": a.dtype,
+            "machine": machine_info(target), "date": time.strftime("%Y-%m-%d %H:%M"), "dtype": str(target.dtype).removeprefix("torch."),
             "max_new_tokens": a.max_new_tokens, "prompts_per_set": a.limit, "width": a.width,
             "target": str(target.config.architectures), "head": a.head or "default",
             "head_provenance": getattr(head.config, "extra", None), "methods": [m[0] for m in methods],

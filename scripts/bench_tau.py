@@ -158,7 +158,7 @@ def main() -> int:
     ap.add_argument("--width", type=int, default=8)
     ap.add_argument("--head", default=str(DEFAULT_HEAD_DIR))
     ap.add_argument("--target", default=None)
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default="auto", help="auto: bfloat16 where the hardware runs it natively, else float32")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--batch", type=int, default=20, help="unused: references are unbatched greedy decoding now")
@@ -229,7 +229,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     meta = {"command": "python " + " ".join(shlex.quote(x) for x in sys.argv), "machine": machine(target),
             "references": "unbatched greedy decoding (engine.autoregressive)", "oracle_builder": "exact",
-            "date": time.strftime("%Y-%m-%d %H:%M"), "target": str(target.config.architectures), "dtype": a.dtype,
+            "date": time.strftime("%Y-%m-%d %H:%M"), "target": str(target.config.architectures), "dtype": str(target.dtype).removeprefix("torch."),
             "head": a.head or "default", "head_provenance": head.config.extra, "cost_ms": costs, "width": a.width}
     (out / "tau.json").write_text(json.dumps({"meta": meta, "rows": rows, "per_prompt": per_prompt, "e2e": e2e}, indent=1))
     (out / "tau.md").write_text(markdown(meta, rows, e2e, budgets))
