@@ -171,8 +171,9 @@ STATS = "document.querySelector('#jf-stats').innerText"
 
 
 def generate_and_wait(page, timeout=120_000):
+    before = page.locator("#jf-stats").inner_text()  # a previous run's "done" line must not count
     page.locator("#jf-generate").click()
-    page.wait_for_function(f"{STATS}.startsWith('done')", timeout=timeout)
+    page.wait_for_function(f"{STATS}.startsWith('done') && {STATS} !== {json.dumps(before)}", timeout=timeout)
     page.wait_for_selector("#jf-tree .js-plotly-plot .scatterlayer path.point", timeout=timeout)
     return page.evaluate(NODE_TRACES)
 
