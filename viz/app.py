@@ -400,7 +400,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="jetflow-explorer", description=__doc__.split("\n")[0])
     ap.add_argument("--target", help="HF model folder (default: SmolLM2-135M-Instruct, converted offline on first use)")
     ap.add_argument("--head", help="draft-head folder (default: the shipped head)")
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    ap.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float16"])
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=7860)
     ap.add_argument("--results", default=str(RESULTS_DIR), help="folder of benchmark result .json files")

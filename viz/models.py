@@ -32,7 +32,7 @@ class Models:
     """The target, the heads and drafters, shared by all tabs. Target owns a batch-1 KV cache, so only one
     generation runs at a time: events share one concurrency slot and this lock guards the model."""
 
-    def __init__(self, target_dir: str, head_dir: str | None, dtype: str = "bfloat16"):
+    def __init__(self, target_dir: str, head_dir: str | None, dtype: str = "auto"):
         self.target_dir, self.head_dir, self.dtype = str(target_dir), head_dir, dtype
         self.head_error, self.unavailable = "", {}
         self._drafters: dict[str, object] = {}
