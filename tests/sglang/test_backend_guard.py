@@ -113,6 +113,9 @@ def _sglang_default_step(sa):
 
 @pytest.mark.parametrize("sm", list(SM))
 def test_sglang_defaults_per_sm_and_the_guard(sm, tiny_model, monkeypatch):
+    from jetflow_sglang.sglang import cpu_ops
+
+    cpu_ops.install()  # as in every CPU SGLang process: SGLang's arg resolution imports torchvision and sgl_kernel
     from sglang.srt.arg_groups.overrides import resolving_view
 
     from jetflow_sglang.sglang.backend_guard import guard_hook
