@@ -158,23 +158,32 @@ class HeadDrafter:
     def _ctx_mask(self, ctx_lens: torch.Tensor, rows: int, t: int) -> torch.Tensor:
         return (torch.arange(t, device=self.device)[None] < ctx_lens[:, None])[:, None].expand(-1, rows, t)
 
-    def _logprobs(self, tokens, positions, mask, ctx_kv) -> torch.Tensor:
-        hidden = self.head(tokens, positions, ctx_kv, mask)
+    def _logprobs(self, tokens, positions, mask, ctx_kv, rows: slice) -> torch.Tensor:
+        """Draft log-probs of the slots in `rows` (the vocabulary projection runs on those rows only)."""
+        hidden = self.head(tokens, positions, ctx_kv, mask)[:, rows]
         return self.head.logits(hidden, self.lm_weight).float().log_softmax(-1)
 
+    def levels(self, budget: int) -> int:
+        """Depths a tree of `budget` nodes can use: a causal head's first d levels don't see later MASK slots, so a
+        forward over [anchor, MASK x d] gives them exactly; a bidirectional block needs all its slots."""
+        return max(1, min(self.depth, budget - 1))
+
     @torch.no_grad()
-    def block_logprobs_batch(self, anchors, ctx_kv, ctx_lens) -> torch.Tensor:
+    def block_logprobs_batch(self, anchors, ctx_kv, ctx_lens, depth: int | None = None) -> torch.Tensor:
         """One forward over [anchor, MASK x block] per request: log-probs [b, depth, V_draft] for depths 1..depth.
 
-        ctx_kv: per head layer (k, v) [b, Hkv, T, D], padded; row t of request i is valid iff t < ctx_lens[i]."""
+        ctx_kv: per head layer (k, v) [b, Hkv, T, D], padded; row t of request i is valid iff t < ctx_lens[i].
+        depth (default self.depth): a causal head runs only [anchor, MASK x depth], cheaper for small budgets."""
         anchors = torch.as_tensor(anchors, device=self.device).view(-1)
         ctx_lens = torch.as_tensor(ctx_lens, device=self.device).view(-1)
-        b, size, t = anchors.shape[0], self.block + 1, ctx_kv[0][0].shape[2]
-        tokens = torch.cat([anchors[:, None], torch.full((b, self.block), MASK, device=self.device)], 1)
+        depth = min(depth or self.depth, self.depth)
+        slots = depth if self.head.config.causal else self.block
+        b, size, t = anchors.shape[0], slots + 1, ctx_kv[0][0].shape[2]
+        tokens = torch.cat([anchors[:, None], torch.full((b, slots), MASK, device=self.device)], 1)
         pos = ctx_lens[:, None] + torch.arange(size, device=self.device)
         inner = self.head.block_mask(0, size, device=self.device)[None].expand(b, -1, -1)
         mask = torch.cat([self._ctx_mask(ctx_lens, size, t), inner], 2)
-        return self._logprobs(tokens, pos, mask, ctx_kv)[:, 1:1 + self.depth]
+        return self._logprobs(tokens, pos, mask, ctx_kv, slice(1, 1 + depth))
 
     @torch.no_grad()
     def conditioned_logprobs_batch(self, tb: TreeBatch, ctx_kv, ctx_lens) -> torch.Tensor:
@@ -191,16 +200,16 @@ class HeadDrafter:
         mask = torch.cat([self._ctx_mask(ctx_lens, 2 * n, t), inner], 2)
         pos = ctx_lens[:, None] + torch.cat([tb.depths, tb.depths + 1], 1)
         tokens = torch.cat([tb.tokens, torch.full_like(tb.tokens, MASK)], 1)
-        return self._logprobs(tokens, pos, mask, ctx_kv)[:, n:]
+        return self._logprobs(tokens, pos, mask, ctx_kv, slice(n, None))
 
     def _topk(self, lp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         vals, idx = lp.topk(self.width, -1)
         return self.vocab_ids[idx], vals
 
     @torch.no_grad()
-    def topk_batch(self, anchors, ctx_kv, ctx_lens) -> tuple[torch.Tensor, torch.Tensor]:
+    def topk_batch(self, anchors, ctx_kv, ctx_lens, depth: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(tokens [b, depth, W], logps [b, depth, W]): the head's top-W per depth, sorted descending."""
-        return self._topk(self.block_logprobs_batch(anchors, ctx_kv, ctx_lens))
+        return self._topk(self.block_logprobs_batch(anchors, ctx_kv, ctx_lens, depth))
 
     @torch.no_grad()
     def draft_batch(self, anchors, ctx_kv, ctx_lens, budget: int) -> TreeBatch:
@@ -209,7 +218,8 @@ class HeadDrafter:
         anchors = torch.as_tensor(anchors, device=self.device).view(-1)
         if budget == 1:  # plain decoding: no head forward at all
             return root_only(anchors, 1)
-        return self._trees(anchors, self.block_logprobs_batch(anchors, ctx_kv, ctx_lens), ctx_kv, ctx_lens, budget)
+        lp = self.block_logprobs_batch(anchors, ctx_kv, ctx_lens, self.levels(budget))
+        return self._trees(anchors, lp, ctx_kv, ctx_lens, budget)
 
     def _trees(self, anchors, lp, ctx_kv, ctx_lens, budget: int) -> TreeBatch:
         if self.mode == "chain":
@@ -228,13 +238,13 @@ class HeadDrafter:
         trees = []
         for i, anchor in enumerate(anchors.tolist()):
             t_i, l_i = toks[i].tolist(), lps[i].tolist()
-            tree = best_first(anchor, per_depth(t_i, l_i), budget, self.width, self.depth, eager=True)
+            tree = best_first(anchor, per_depth(t_i, l_i), budget, self.width, toks.shape[1], eager=True)
             if self.mode == "branch" and len(tree) > 1:
                 first = TreeBatch.from_trees([tree], device=self.device)
                 c_lp = self.conditioned_logprobs_batch(first, [(k[i:i + 1], v[i:i + 1]) for k, v in ctx_kv],
                                                        ctx_lens[i:i + 1])[0]
                 c_t, c_l = (x.tolist() for x in self._topk(c_lp))
-                tree = _rebuild_host(tree, c_t, c_l, t_i, l_i, budget, self.width, self.depth, eager=True)
+                tree = _rebuild_host(tree, c_t, c_l, t_i, l_i, budget, self.width, toks.shape[1], eager=True)
             trees.append(tree)
         return TreeBatch.from_trees(trees, budget, self.device)
 
@@ -264,7 +274,7 @@ class HeadDrafter:
             return DraftTree.root(anchor)
         ctx_kv, lens = self._one(state)
         anchors = torch.tensor([int(anchor)], device=self.device)
-        lp = self.block_logprobs_batch(anchors, ctx_kv, lens)
+        lp = self.block_logprobs_batch(anchors, ctx_kv, lens, self.levels(budget))
         if temperature <= 0:
             return self._trees(anchors, lp, ctx_kv, lens, budget).tree(0)
         # Sampling: the shape comes from the greedy marginal tree and is fixed before any token is drawn.

@@ -5,6 +5,7 @@ import torch
 
 from jetflow_sglang.head import MASK, CheckpointError, HeadMismatchError, load_head, save_head
 from jetflow_sglang.drafters import make_drafter
+from jetflow_sglang.tree_batch import build_topb
 from tests.helpers import tiny_head, tiny_model, tiny_target
 
 torch.set_num_threads(1)
@@ -68,3 +69,36 @@ def test_bad_checkpoints(tmp_path):
     (tmp_path / "h" / "config.json").write_text(json.dumps({"hidden_size": 3}))
     with pytest.raises(CheckpointError):
         load_head(tmp_path / "h", model)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_small_budgets_run_a_shorter_block_with_the_same_draft(causal):
+    """A causal head drafts a B-node tree from [anchor, MASK x (B-1)]: the same log-probs as the full block's first
+    B-1 levels, hence the same trees. A bidirectional block always runs whole."""
+    model = tiny_model("qwen3")
+    head = tiny_head(model, causal=causal, draft_vocab_size=48)
+    drafter = make_drafter("jetflow" if causal else "ddtree", head if causal else None, None if causal else head)
+    taps = torch.randn(2, 9, len(head.config.tap_layers) * head.config.hidden_size,
+                       generator=torch.Generator().manual_seed(3))
+    ctx_kv, lens = drafter.context_kv(taps, 0), torch.tensor([9, 6])
+    full = drafter.block_logprobs_batch([4, 7], ctx_kv, lens)
+    for budget in (2, 3, 5, 9, 16, 40):
+        d = drafter.levels(budget)
+        assert d == min(budget - 1, 15)
+        short = drafter.block_logprobs_batch([4, 7], ctx_kv, lens, d)
+        assert short.shape[1] == d
+        torch.testing.assert_close(short, full[:, :d], atol=1e-5, rtol=1e-5)
+        got = drafter.draft_batch([4, 7], ctx_kv, lens, budget)
+        want = build_topb(torch.tensor([4, 7]), *drafter._topk(full), budget)
+        assert torch.equal(got.tokens, want.tokens) and torch.equal(got.parents, want.parents)
+
+
+def test_logits_of_a_block_slice_match_a_fresh_tensor():
+    """[:, 1:] of a block keeps its outer stride; logits() must give the same values through its 2-D GEMM."""
+    model = tiny_model("llama")
+    head = tiny_head(model, draft_vocab_size=40)
+    hidden = torch.randn(3, 16, head.config.hidden_size)
+    w = head.lm_weight()
+    got = head.logits(hidden[:, 1:6], w)
+    assert got.shape == (3, 5, 40)
+    torch.testing.assert_close(got, torch.einsum("bsd,vd->bsv", hidden[:, 1:6], w))

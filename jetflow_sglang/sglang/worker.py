@@ -111,6 +111,11 @@ class JetFlowWorker(BaseSpecWorker):
             self.host_drafter = make_drafter(self.cfg.drafter)
         self.depth = self._depth()
         self.width = self.cfg.width
+        self.head_drafter = None
+        if self.head is not None:  # the core's block forward and top-k, over the pool's padded context K/V
+            from ..drafters import HeadDrafter
+
+            self.head_drafter = HeadDrafter(self.head, width=self.width, depth=self.depth)
         self.capture = CaptureHiddenMode.FULL if self.head is not None else None
         self.full_mask = str(self.device) != "cpu"  # QLEN_ONLY for our CPU backend, FULL for GPU custom-mask ones
         self.adaptive = self._make_budget() if self.cfg.adaptive else None
@@ -301,36 +306,18 @@ class JetFlowWorker(BaseSpecWorker):
             return build_topb(anchors, anchors.new_zeros(b, 1, 1), torch.zeros(b, 1, 1, device=self.device), 1)
         if self.head is None:
             return self._draft_host(batch, anchors, budget)
-        toks, lps = self._head_topk(batch, anchors)
+        toks, lps = self._head_topk(batch, anchors, budget)
         if self.drafter_name == "dflash":  # the head's argmax chain
             toks, lps = toks[:, :, :1], lps[:, :, :1]
         return build_topb(anchors, toks, lps, budget)
 
-    def _head_topk(self, batch, anchors):
-        """Per-depth top-`width` candidates [b, D, W] of one causal/bidirectional block forward per request, all
-        requests in one padded batch over the head K/V pool."""
-        head, depth = self.head, self.depth
-        b, dev = anchors.shape[0], self.device
-        ctx_lens = batch.seq_lens.to(dev)
+    def _head_topk(self, batch, anchors, budget: int):
+        """Per-depth top-`width` candidates [b, D, W] of one block forward for all requests, padded over the head K/V
+        pool (a causal head runs only the levels a `budget`-node tree can reach)."""
+        ctx_lens = batch.seq_lens.to(self.device)
         max_len = int(batch.seq_lens_cpu.max()) if batch.seq_lens_cpu is not None else int(ctx_lens.max())
         ctx_kv = self.pool.gather(batch.req_to_token_pool.req_to_token, batch.req_pool_indices, ctx_lens, max_len)
-        size = depth + 1
-        from ..head import MASK
-
-        tokens = torch.full((b, size), MASK, dtype=torch.long, device=dev)
-        tokens[:, 0] = anchors
-        positions = ctx_lens.long()[:, None] + torch.arange(size, device=dev)[None]
-        ctx_ok = torch.arange(max_len, device=dev)[None] < ctx_lens[:, None]
-        inner = torch.ones(size, size, dtype=torch.bool, device=dev)
-        if head.config.causal:
-            inner = inner.tril()
-        mask = torch.cat([ctx_ok[:, None, :].expand(b, size, max_len), inner[None].expand(b, size, size)], 2)
-        hidden = head(tokens, positions, ctx_kv, mask)[:, 1:]
-        if not hasattr(self, "_lm_weight"):
-            self._lm_weight = head.lm_weight().detach().contiguous()
-        lp = head.logits(hidden, self._lm_weight).float().log_softmax(-1)
-        vals, idx = lp.topk(min(self.width, lp.shape[-1]), -1)
-        return head.vocab_ids[idx], vals
+        return self.head_drafter.topk_batch(anchors, ctx_kv, ctx_lens, self.head_drafter.levels(budget))
 
     def _draft_host(self, batch, anchors, budget: int) -> TreeBatch:
         """Head-less drafters (prompt lookup) work on token lists on the host."""
