@@ -24,6 +24,7 @@ import platform
 import time
 from typing import Sequence
 
+from . import rowgemm
 from .tree import MAX_BUDGET, check_budget
 
 LADDER = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
@@ -300,6 +301,7 @@ def profile_key(target) -> str:
         "dtype": str(target.dtype), "device": str(dev),
         "accel": torch.cuda.get_device_name(dev) if dev.type == "cuda" else _cpu_model(),
         "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "gemm": "rowgemm" if rowgemm.enabled(target.model) else "stock",  # the verify kernels change its cost
     }
     return json.dumps(fields, sort_keys=True)
 

@@ -16,6 +16,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from . import rowgemm
 from .context_kv import ContextKV
 from .head import MASK, JetFlowHead
 from .tree import DraftTree, best_first, check_budget, per_depth
@@ -112,7 +113,7 @@ class HeadDrafter:
             raise ValueError(f"depth must be an integer in [1, {block}] (the head's block); got {depth!r}")
         if not (isinstance(width, int) and width >= 1):
             raise ValueError(f"width must be a positive integer; got {width!r}")
-        self.head, self.mode, self.tree_kind = head, mode, tree
+        self.head, self.mode, self.tree_kind = rowgemm.enable(head), mode, tree  # multi-row GEMMs as W @ X^T on CPU
         self.name = name or mode
         self.block = block  # mask slots per forward (the trained block)
         self.depth = depth or block  # deepest drafted level

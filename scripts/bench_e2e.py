@@ -8,7 +8,7 @@ prompt, so drifting machine load hits every method alike), after one untimed war
   hf-ar                HF `generate`, greedy (the reference speed)
   hf-prompt-lookup     HF `generate` with prompt_lookup_num_tokens=10
   ar                   this project's plain decoding (engine.autoregressive)
-  jetflow B=16, B=32   exact top-B trees        jetflow paper B=16   the paper's eager tree
+  jetflow B=4, 8, 16   exact top-B trees        jetflow paper B=16   the paper's eager tree
   jetflow-branch B=16  branch-conditioned       ngram B=16           prompt lookup through the tree engine
   jetflow auto         --budget auto (AdaptiveBudget from a verify-cost prior measured afresh at the start)
 Speedups are total tokens / total seconds per set, against hf-ar, hf-prompt-lookup and ar. Also reported: whether
@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_tau import build_drafter, load_prompts  # noqa: E402
+from jetflow_sglang import rowgemm  # noqa: E402
 from jetflow_sglang.budget import _cpu_model, measure_cost_prior  # noqa: E402
 from jetflow_sglang.drafters import make_drafter  # noqa: E402
 from jetflow_sglang.engine import autoregressive, run  # noqa: E402
@@ -51,8 +52,9 @@ METHODS = [
     ("hf-ar", "hf", None, None, 0),
     ("hf-prompt-lookup", "hf", None, None, 10),
     ("ar", "ar", None, None, 1),
+    ("jetflow B=4", "spec", "jetflow", "exact", 4),
+    ("jetflow B=8", "spec", "jetflow", "exact", 8),
     ("jetflow B=16", "spec", "jetflow", "exact", 16),
-    ("jetflow B=32", "spec", "jetflow", "exact", 32),
     ("jetflow paper B=16", "spec", "jetflow", "paper", 16),
     ("jetflow-branch B=16", "spec", "jetflow-branch", "exact", 16),
     ("ngram B=16", "spec", "ngram", "exact", 16),
@@ -85,8 +87,12 @@ def hf_generate(target, prompt: list[int], max_new: int, lookup: int) -> tuple[l
 def run_method(method, target, drafters, prompt: list[int], max_new: int) -> dict:
     label, kind, name, tree, budget = method
     eos = target.eos_ids()
-    if kind == "hf":
-        tokens, secs = hf_generate(target, prompt, max_new, budget)
+    if kind == "hf":  # Hugging Face's own paths, as a user runs them: stock nn.Linear (no rowgemm)
+        rowgemm.disable(target.model)
+        try:
+            tokens, secs = hf_generate(target, prompt, max_new, budget)
+        finally:
+            rowgemm.enable(target.model)
         return {"tokens": tokens, "seconds": secs}
     if kind == "ar":
         res = autoregressive(target, prompt, max_new_tokens=max_new, eos_ids=eos)
@@ -172,7 +178,7 @@ def markdown(meta: dict, summary: dict, builder: dict | None, auto_hist: dict) -
         lines.append(f"- draft share of the round at B=16 (all sets): {100 * all_['jetflow B=16']['draft_share']:.1f}% "
                      "(target: <= 10%)")
     if "jetflow auto" in all_:
-        for ds, cell in summary.items():  # fixed budgets of the same drafter: B=16, B=32, and 1 (= plain decoding)
+        for ds, cell in summary.items():  # fixed budgets of the same drafter: B=4, 8, 16, and 1 (= plain decoding)
             fixed = {m: c["tok_s"] for m, c in cell.items() if m.startswith("jetflow B=") or m == "ar"}
             if fixed and "jetflow auto" in cell:
                 best = max(fixed, key=fixed.get)

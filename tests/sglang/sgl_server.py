@@ -72,5 +72,16 @@ class Server:
         r.raise_for_status()
         return r.json()
 
+    def flush_cache(self, timeout: float = 30) -> bool:
+        """POST /flush_cache until it succeeds. SGLang refuses (400) while its running batch still holds a request,
+        and a request that has just returned to its client may stay there until the scheduler's next step."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if requests.post(self.url + "/flush_cache", timeout=60).ok:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+
     def post(self, path: str, body: dict, timeout: float = 300) -> requests.Response:
         return requests.post(self.url + path, json=body, timeout=timeout)

@@ -135,9 +135,9 @@ def test_radix_hit_reuses_the_head_rows(servers, tok):
     first, second = prefix + tok(" once more").input_ids, prefix + tok(" the end").input_ids
     body = lambda ids: dict(input_ids=ids, sampling_params={"max_new_tokens": 24, "temperature": 0,  # noqa: E731
                                                             "ignore_eos": True})
-    assert requests.post(spec.url + "/flush_cache", timeout=60).ok
+    assert spec.flush_cache()
     cold = spec.generate(**body(second))
-    assert requests.post(spec.url + "/flush_cache", timeout=60).ok
+    assert spec.flush_cache()
     spec.generate(**body(first))
     warm = spec.generate(**body(second))
     assert cold["meta_info"]["cached_tokens"] == 0
@@ -160,7 +160,7 @@ def _rss_mib(srv) -> float:
 
 def test_memory_returns_to_baseline_over_50_requests(servers, tok):
     spec, _ = servers
-    assert requests.post(spec.url + "/flush_cache", timeout=60).ok
+    assert spec.flush_cache()
     base = _jetflow_state(spec)
     assert base["head_pool_slots"] > 4096 and base["head_pool_bytes"] > 0
     reqs = [dict(text=PROMPTS[i % 4] + " " + "x y " * (i % 7), sampling_params={"max_new_tokens": 12 + i % 5,
@@ -171,7 +171,7 @@ def test_memory_returns_to_baseline_over_50_requests(servers, tok):
         rss_10 = _rss_mib(spec)
         list(pool.map(lambda r: spec.generate(**r), reqs[10:]))
     rss_50 = _rss_mib(spec)
-    assert requests.post(spec.url + "/flush_cache", timeout=60).ok
+    assert spec.flush_cache()
     after = _jetflow_state(spec)
     assert after["head_pool_used"] == base["head_pool_used"], (base, after)
     assert after["head_pool_bytes"] == base["head_pool_bytes"]  # nothing grows outside the pool

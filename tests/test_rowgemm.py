@@ -1,0 +1,37 @@
+"""rowgemm: multi-row CPU linears as W @ X^T are the same maths as F.linear, one row is bit-identical, and the patch
+comes off again."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from jetflow_sglang import rowgemm
+
+
+def test_linear_matches_f_linear():
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(300, 64, generator=g), torch.randn(300, generator=g)
+    for shape in [(1, 64), (1, 1, 64), (2, 64), (3, 7, 64), (1, 256, 64)]:
+        x = torch.randn(*shape, generator=g)
+        for bias in (None, b):
+            got, ref = rowgemm.linear(x, w, bias), F.linear(x, w, bias)
+            assert got.shape == ref.shape
+            torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+            if x.numel() == 64:  # plain decoding keeps the stock kernel bit for bit
+                assert torch.equal(got, ref)
+
+
+def test_enable_disable_roundtrip_and_grad():
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8, bias=False))
+    x = torch.randn(5, 16)
+    ref = model(x)
+    rowgemm.enable(model)
+    rowgemm.enable(model)  # idempotent
+    assert rowgemm.enabled(model)
+    got = model(x)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+    got.sum().backward()  # still differentiable
+    assert model[0].weight.grad is not None
+    rowgemm.disable(model)
+    assert not rowgemm.enabled(model)
+    assert "forward" not in vars(model[0])
+    assert torch.equal(model(x), ref)
