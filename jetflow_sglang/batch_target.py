@@ -46,7 +46,7 @@ class BatchTarget:
             cache = DynamicCache(config=self.target.config)
             ids = torch.as_tensor(list(p), dtype=torch.long, device=self.device)[None]
             out = self.model(input_ids=ids, position_ids=torch.arange(ids.shape[1], device=self.device)[None],
-                             past_key_values=cache, use_cache=True, output_hidden_states=True)
+                             past_key_values=cache, use_cache=True, output_hidden_states=True, logits_to_keep=1)
             last.append(out.logits[0, -1].float())
             taps.append(self._taps(out.hidden_states, 0))
             per_layer.append([(layer.keys, layer.values) for layer in cache.layers])

@@ -231,7 +231,8 @@ def autoregressive(target: Target, prompt_ids, max_new_tokens: int = 128, temper
     out: list[int] = []
     t0 = time.perf_counter()
     while len(out) < max_new_tokens:
-        logits = target.model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0, -1].float()
+        logits = target.model(input_ids=ids, past_key_values=cache, use_cache=True,
+                              logits_to_keep=1).logits[0, -1].float()
         out.append(_pick(logits, temperature, top_k, top_p, gen))
         if out[-1] in eos:
             break

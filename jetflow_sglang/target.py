@@ -95,19 +95,21 @@ class Target:
         if len(ids) >= self.max_length:
             raise ValueError(f"the prompt has {len(ids)} tokens; the model's context is {self.max_length}")
 
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None):
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, keep: int = 0):
+        """keep > 0: logits of the last `keep` rows only (a prefill needs one row, not one per prompt token)."""
         out = self.model(input_ids=ids[None], position_ids=positions[None], attention_mask=mask,
-                         past_key_values=self.cache, use_cache=True, output_hidden_states=True)
+                         past_key_values=self.cache, use_cache=True, output_hidden_states=True, logits_to_keep=keep)
         hs = out.hidden_states  # hs[l + 1] is the output of decoder layer l
         taps = torch.cat([hs[l + 1][0] for l in self.tap_layers], -1)
         return out.logits[0].float(), taps
 
     @torch.no_grad()
-    def prefill(self, ids) -> tuple[torch.Tensor, torch.Tensor]:
+    def prefill(self, ids, all_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits, taps): logits of the last prompt token [1, V] (every token's with all_logits), taps of all."""
         self.check_prompt(ids)
         self.cache = DynamicCache(config=self.config)
         ids = torch.as_tensor(ids, dtype=torch.long, device=self.device)
-        out = self._forward(ids, torch.arange(len(ids), device=self.device), None)
+        out = self._forward(ids, torch.arange(len(ids), device=self.device), None, keep=0 if all_logits else 1)
         self.length = len(ids)
         return out
 

@@ -140,6 +140,8 @@ def write_report(out: Path, meta: dict, results: list[dict], failures: dict) -> 
         lines.append(f"| {r['workload']} | {r['config']} | {r['concurrency']} | {r['output_tok_per_s']:.1f} | {sp} | "
                      f"{r['ttft_mean_s']:.3f} | {r['itl_mean_ms']:.1f} | {r['e2e_mean_s']:.2f} | {r['e2e_p50_s']:.2f} "
                      f"| {r['e2e_max_s']:.2f} | {acc} | {r['cached_tokens_mean']:.0f} |")
+    lines += ["", "All servers run at once with `--sleep-on-idle`; each level runs every configuration back to back, "
+              "in an order that rotates from level to level, and starts with a flushed cache."]
     for name, why in failures.items():
         lines += ["", f"**{name} did not run**: {why}"]
     text = "\n".join(lines) + "\n"
@@ -181,7 +183,7 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=16, help="requests per concurrency level")
     ap.add_argument("--prefix-tokens", type=int, default=400)
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default="auto", help="auto: bfloat16 where the hardware computes it natively, else float32")
     ap.add_argument("--max-total-tokens", type=int, default=16384, help="KV pool size of every server")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "sglang_serving"))
     a = ap.parse_args(argv)
@@ -192,6 +194,9 @@ def main(argv=None) -> int:
 
     from jetflow_sglang.paths import default_paths
 
+    from jetflow_sglang.target import resolve_dtype
+
+    dtype = resolve_dtype(a.dtype, "cpu")
     target, shipped = default_paths() if not (a.model and a.head) else (a.model, a.head)
     model = a.model or target
     head = a.head or (shipped if (Path(shipped) / "config.json").is_file() else None)
@@ -208,40 +213,47 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     logs = Path(tempfile.mkdtemp(prefix="jetflow-bench-"))  # server logs stay out of the results folder
     results, failures = [], {}
-    levels = sum(len(c) for _, _, c in workloads)
-    bar = tqdm(total=len(a.configs) * levels, desc="bench", unit="level")
-    common = ["--dtype", a.dtype, "--max-total-tokens", str(a.max_total_tokens),
+    levels = [(wname, prompts, c) for wname, prompts, levels_c in workloads for c in levels_c]
+    common = ["--dtype", dtype, "--max-total-tokens", str(a.max_total_tokens), "--sleep-on-idle",
               "--max-running-requests", str(max(a.concurrency + a.prefix_concurrency))]
-    for name in a.configs:
+    servers = {}  # every configuration's server runs at once (asleep when idle), so each level runs them back to back
+    for name in tqdm(a.configs, desc="servers", unit="server"):
         args, env = config_args(name, head, drafter)
         srv = Server(model, [*common, *args], logs / f"{name}.log", env=env)
         try:
             srv.wait_ready()
-        except (RuntimeError, TimeoutError) as e:
+            stream_one(srv.url, mixed[0], 4)  # warm-up
+            servers[name] = srv
+        except (RuntimeError, TimeoutError, requests.RequestException):
             failures[name] = f"did not start: {_last_error(srv.log)}"
             srv.stop()
-            bar.update(levels)
-            continue
-        done = 0
-        try:
-            stream_one(srv.url, mixed[0], 4)  # warm-up
-            for wname, prompts, levels_c in workloads:
-                for c in levels_c:
-                    bar.set_postfix_str(f"{name} {wname} c={c}")
-                    requests.post(srv.url + "/flush_cache", timeout=60)  # every level starts cold
+    bar = tqdm(total=len(servers) * len(levels), desc="bench", unit="level")
+    try:
+        for k, (wname, prompts, c) in enumerate(levels):
+            names = [n for n in a.configs if n in servers]
+            for name in names[k % len(names):] + names[:k % len(names)] if names else []:  # rotate the order
+                bar.set_postfix_str(f"{name} {wname} c={c}")
+                srv = servers.get(name)
+                if srv is None:  # died at an earlier level
+                    bar.update(1)
+                    continue
+                try:
+                    srv.flush_cache()  # every level starts cold
                     row = {"config": name, "workload": wname, **run_level(srv, prompts, c, a.max_tokens)}
                     row["server"] = server_state(srv)
                     results.append(row)
-                    bar.update(1)
-                    done += 1
-        except requests.RequestException as e:  # the server died mid-run: say why, keep the other configs
-            failures[name] = f"{type(e).__name__} after {done} levels; server: {_last_error(srv.log)}"
-            bar.update(levels - done)
-        finally:
+                except requests.RequestException as e:  # the server died mid-run: say why, keep the others
+                    failures[name] = f"{type(e).__name__} at {wname} c={c}; server: {_last_error(srv.log)}"
+                    servers.pop(name).stop()
+                bar.update(1)
+    finally:
+        for srv in servers.values():
             srv.stop()
+    order = {n: i for i, n in enumerate(a.configs)}
+    results.sort(key=lambda r: (r["workload"] != "mixed", order[r["config"]], r["concurrency"]))
     bar.close()
     meta = {"command": " ".join(["python", "scripts/bench_serving.py", *(argv if argv is not None else sys.argv[1:])]),
-            "model": model, "head": head, "drafter": drafter, "dtype": a.dtype, "max_tokens": a.max_tokens,
+            "model": model, "head": head, "drafter": drafter, "dtype": dtype, "max_tokens": a.max_tokens,
             "requests_per_level": a.requests, "prefix_tokens": a.prefix_tokens,
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or 'CPU'}",
             "sglang": _version("sglang"), "torch": _version("torch"), "date": time.strftime("%Y-%m-%d %H:%M")}

@@ -186,7 +186,7 @@ def main() -> int:
         for prompt, ref in tqdm(list(zip(prompts, refs)), desc=ds):
             if len(ref) < 2:
                 continue
-            logits, taps = target.prefill(prompt + ref)
+            logits, taps = target.prefill(prompt + ref, all_logits=True)
             for name, base, _ in specs:
                 d = oracle(logits, a.width) if base == "oracle" else drafters[name]
                 if name not in warm:  # one untimed walk first: one-time costs (GPU kernel selection) stay out

@@ -117,6 +117,10 @@ class JetFlowWorker(BaseSpecWorker):
 
             self.head_drafter = HeadDrafter(self.head, width=self.width, depth=self.depth)
         self.capture = CaptureHiddenMode.FULL if self.head is not None else None
+        if str(self.device) == "cpu":  # verify GEMMs of batch x tree rows at one weight read (cpu_gemm.py)
+            from .cpu_gemm import install
+
+            install(self.model_runner.model)
         self.full_mask = str(self.device) != "cpu"  # QLEN_ONLY for our CPU backend, FULL for GPU custom-mask ones
         self.adaptive = self._make_budget() if self.cfg.adaptive else None
         self.generator = make_generator(server_args, self.device, offset=0x7E7F)  # the same on every TP rank

@@ -67,6 +67,12 @@ def test_generate_matches_hf_greedy_and_plain(servers, models, tok):
         assert b["output_ids"] == ref
         assert a["meta_info"]["spec_verify_ct"] > 0  # it really went through JETFLOW verify rounds
         assert a["meta_info"]["spec_accept_length"] >= 1.0
+    # the JETFLOW server's CPU target runs its verify GEMMs through rowgemm (cpu_gemm.install), the plain one does not
+    import re
+
+    found = re.findall(r"JETFLOW: (\d+) CPU linear layers", spec.log.read_text())
+    assert found and int(found[-1]) > 0
+    assert "CPU linear layers" not in plain.log.read_text()
 
 
 def test_text_prompt_and_eos(servers, models, tok):
