@@ -174,3 +174,6 @@ def register() -> None:
         SpeculativeAlgorithm.register(ALGORITHM, supports_overlap=False, spec_class=_spec_class())(_worker_factory)
     _register_resolution_hooks()
     install_request_guard()
+    from .memory import install as install_pool_sizing
+
+    install_pool_sizing()

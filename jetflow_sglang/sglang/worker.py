@@ -203,7 +203,8 @@ class JetFlowWorker(BaseSpecWorker):
             kv = self.model_runner.token_to_kv_pool
             rows = kv.get_key_buffer(kv.start_layer if hasattr(kv, "start_layer") else 0).shape[0]
             self.pool = HeadKVPool(self.head, rows, self.device)
-            logger.info("JETFLOW head K/V pool: %d slots, %.1f MiB", rows, self.pool.bytes / 2**20)
+            logger.info("JETFLOW head K/V pool: %d slots, %.1f MiB (counted in the KV budget: memory.py)", rows,
+                        self.pool.bytes / 2**20)
 
     def clear_cache_pool(self):
         pass  # rows belong to KV slots; a flushed cache frees the slots and later writes overwrite the rows

@@ -180,3 +180,35 @@ def test_plugin_declares_the_budget_on_sglang_record(env, flag, want, monkeypatc
     assert view.disable_overlap_schedule and not view.disable_radix_cache
     c = JetFlowServerConfig.from_server_args(sa)  # what each scheduler's worker computes from the same record
     assert (c.budget, c.adaptive, c.width, c.depth) == (*want, 4, 3)
+
+
+def test_head_pool_counts_in_the_kv_budget():
+    """memory.py: a JETFLOW target worker's per-token cell size grows by the head's K/V bytes (as EAGLE/DFLASH
+    drafts do in SGLang's pool configurator); the draft worker, other algorithms and head-less drafters add 0."""
+    import torch
+
+    from jetflow_sglang.head import read_head_config
+    from jetflow_sglang.sglang.memory import head_bytes_per_token, jetflow_cell_bytes
+
+    hcfg, _ = read_head_config(HEADS["causal"])
+    model = SimpleNamespace(dtype=torch.bfloat16, hf_config=None)
+    kvc = lambda name, draft=False: SimpleNamespace(spec_algorithm=SimpleNamespace(name=name),  # noqa: E731
+                                                    is_draft_worker=draft, model_config=model)
+    want = hcfg.num_layers * 2 * hcfg.num_kv_heads * hcfg.head_dim * 2
+    assert head_bytes_per_token(hcfg, torch.bfloat16) == want > 0
+    assert jetflow_cell_bytes(kvc("JETFLOW"), HEADS["causal"]) == want
+    assert jetflow_cell_bytes(kvc("JETFLOW", draft=True), HEADS["causal"]) == 0
+    assert jetflow_cell_bytes(kvc("EAGLE"), HEADS["causal"]) == 0
+    assert jetflow_cell_bytes(kvc("JETFLOW"), None) == 0
+    if os.environ.get("JETFLOW_SKIP_SGLANG") != "1":  # the hook wraps SGLang's default configurator once
+        pytest.importorskip("sglang")
+        from jetflow_sglang.sglang import cpu_ops
+
+        cpu_ops.install()  # as in every CPU SGLang process (its imports reach torchvision and sgl_kernel)
+        from sglang.srt.model_executor.pool_configurator import DefaultPoolConfigurator
+
+        from jetflow_sglang.sglang.memory import install
+
+        install()
+        install()
+        assert DefaultPoolConfigurator.__init__._jetflow
