@@ -8,14 +8,14 @@ SGLang flags (preferred; they exist for every speculative algorithm):
     --speculative-draft-model-path P   the draft head folder (a head drafter is used when it is given)
 
 Environment (only what SGLang has no flag for; read once, never written):
-    JETFLOW_DRAFTER   jetflow | jetflow-branch | ddtree | dflash | ngram | ar
+    JETFLOW_DRAFTER   jetflow | ddtree | dflash | ngram | ar  (jetflow-branch: CLI only)
                       (default: the head's own kind - jetflow for a causal head, ddtree for a bidirectional
                       one such as a DFlash release - and ngram without a head; a drafter that does not fit
                       the head is an error)
     JETFLOW_BUDGET    auto | N     auto: each round's tree size adapts (up to the budget above);
                                    N: a fixed budget, the same as --speculative-num-draft-tokens N
                                    (giving both with different values is an error)
-    JETFLOW_TREE      exact | paper   how the tree is built from the head's per-depth top-k (default exact)
+    JETFLOW_TREE      exact           how the tree is built from the head's per-depth top-k (paper: CLI only)
     JETFLOW_COST_PRIOR  JSON {verified tokens: seconds}, e.g. '{"1": 0.01, "8": 0.02}': the verify-cost prior of
                       JETFLOW_BUDGET=auto (only valid with it; default: the adaptive budget's own prior)
 
@@ -34,6 +34,7 @@ from typing import Mapping
 DRAFTERS = ("jetflow", "jetflow-branch", "ddtree", "dflash", "ngram", "ar")  # = drafters.DRAFTERS (tested)
 HEAD_DRAFTERS = ("jetflow", "jetflow-branch", "ddtree", "dflash")
 TREES = ("exact", "paper")
+CLI_ONLY_DRAFTERS = ("jetflow-branch",)  # the server refuses these with one line (the CLI runs them)
 DEFAULT_BUDGET = 8
 DEFAULT_WIDTH = 8
 MAX_BUDGET = 1024  # one verify forward of bs x budget tokens; larger is surely a typo
@@ -82,10 +83,18 @@ class JetFlowServerConfig:
             raise JetFlowConfigError(f"JETFLOW_DRAFTER={requested!r} is not a drafter; "
                                      f"choose one of {', '.join(DRAFTERS)}")
         drafter = _drafter(requested, head_dir)
+        if drafter in CLI_ONLY_DRAFTERS:
+            raise JetFlowConfigError(f"JETFLOW_DRAFTER={drafter} is not available in the batched server (its second "
+                                     f"head pass over each tree is CLI-only: jetflow generate --drafter {drafter}); "
+                                     "use jetflow, ddtree, dflash or ngram")
 
         tree = (env.get("JETFLOW_TREE") or "exact").strip().lower()
         if tree not in TREES:
             raise JetFlowConfigError(f"JETFLOW_TREE={tree!r} is not a tree builder; choose one of {', '.join(TREES)}")
+        if tree != "exact":
+            raise JetFlowConfigError(f"JETFLOW_TREE={tree} is not available in the server, which builds exact top-B "
+                                     "trees for the whole batch on the device; the paper's eager builder is "
+                                     "CLI-only (jetflow generate --tree paper)")
 
         budget, adaptive = _budget(raw.get("speculative_num_draft_tokens"), env.get("JETFLOW_BUDGET"))
         width = _flag_int("width", raw.get("speculative_eagle_topk"), DEFAULT_WIDTH)

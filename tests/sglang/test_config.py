@@ -69,12 +69,11 @@ def test_budget_combinations(env_budget, flag, want):
 def test_drafter_defaults_to_the_head_kind():
     assert cfg(head="bidir").drafter == "ddtree"  # a DFlash-style (bidirectional) head
     assert cfg({"JETFLOW_DRAFTER": "dflash"}, head="bidir").drafter == "dflash"
-    assert cfg({"JETFLOW_DRAFTER": "jetflow-branch"}).drafter == "jetflow-branch"
 
 
 def test_env_drafter_and_tree():
-    c = cfg({"JETFLOW_DRAFTER": "jetflow", "JETFLOW_TREE": "paper"})
-    assert (c.drafter, c.tree) == ("jetflow", "paper")
+    c = cfg({"JETFLOW_DRAFTER": "jetflow", "JETFLOW_TREE": "exact"})
+    assert (c.drafter, c.tree) == ("jetflow", "exact")
     assert cfg({"JETFLOW_DRAFTER": "ngram"}).drafter == "ngram"  # a head may be given and unused
     assert cfg({"JETFLOW_DRAFTER": "ar"}, head=None).drafter == "ar"
 
@@ -94,6 +93,8 @@ def test_env_drafter_and_tree():
     ({"JETFLOW_DRAFTER": "ddtree"}, {"head": None}, "needs a draft head: pass --speculative-draft-model-path"),
     ({}, {"head": ""}, None),  # empty path = no head: ngram, no error
     ({"JETFLOW_TREE": "bfs"}, {}, "JETFLOW_TREE='bfs' is not a tree builder"),
+    ({"JETFLOW_TREE": "paper"}, {}, "JETFLOW_TREE=paper is not available in the server"),
+    ({"JETFLOW_DRAFTER": "jetflow-branch"}, {}, "JETFLOW_DRAFTER=jetflow-branch is not available in the batched"),
     ({"JETFLOW_WIDTH": "4"}, {}, "JETFLOW_WIDTH is no longer read; use --speculative-eagle-topk"),
     ({"JETFLOW_DEPTH": "2"}, {}, "JETFLOW_DEPTH is no longer read; use --speculative-num-steps"),
     ({"JETFLOW_DRAFTER": "ddtree"}, {}, "JETFLOW_DRAFTER=ddtree does not fit the causal head"),
