@@ -9,6 +9,7 @@
 #                                              #   its own process session; this call waits CALL_S s and packs results
 #   bash scripts/gpu_session.sh collect OUT    # device, the next call at once: wait for the plan's end, pack results
 #   bash scripts/gpu_session.sh kernels OUT    # device: the Triton tree-attention check
+#   bash scripts/gpu_session.sh spec OUT       # device: float32 losslessness of the loop, bf16 speed at B=16..256
 #
 # The plan: join and check the GGUF; regenerate >= TOKENS new continuation tokens (default 3M) with REGEN_WORKERS
 # parallel HF-generate workers (the device image has torch + transformers, no SGLang), skipping every record of the
@@ -19,7 +20,7 @@
 # DRY=1 runs the same stages on a CPU with tiny settings (CI: tests/test_train_gpu_plan.py). TARGET=DIR skips the GGUF
 # (any HF folder); GGUF=FILE splits another file than the default model's; PROMPTS / BASE override the inputs.
 set -u -o pipefail
-stage=${1:?usage: $0 split|stash|plan|collect|kernels [OUT]}
+stage=${1:?usage: $0 split|stash|plan|collect|kernels|spec [OUT]}
 out=$(realpath -m "${2:-/tmp/jf_out}")
 mkdir -p "$out"
 DRY=${DRY:-0}
@@ -148,11 +149,17 @@ pipeline)  # internal: the timed plan, started by `plan` in its own process sess
     > "$pd/train.log" 2>&1
   log "train exit $? after $(( $(date +%s) - t0 )) s"
   ;;
+spec)  # float32 losslessness of the speculative loop on the device, then bf16 end-to-end speed at B=16/64/256
+  if [ "$DRY" = 1 ]; then set -- --device cpu --dtype float32 --prompts 1 --max-new-tokens 8 --budgets 4,16
+  else set -- --device cuda --dtype bfloat16 --prompts 8 --max-new-tokens 128 --budgets 16,64,256; fi
+  timeout "$([ "$DRY" = 1 ] && echo 300 || echo 420)" $PY scripts/gpu_spec_check.py "$@" --out "$out" 2>&1 |
+    tee "$out/spec_check.log" | grep -v "it/s\]$"
+  ;;
 kernels)
   { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv 2>/dev/null || true; } | tee "$out/machine.txt"
   log "kernel check"
   timeout "$([ "$DRY" = 1 ] && echo 60 || echo 200)" $PY scripts/gpu_check_kernels.py --no-sweep --out "$out" 2>&1 | tee "$out/kernels.log" | grep -v "it/s\]$"
   ;;
-*) echo "usage: $0 split|stash|plan|collect|kernels OUT"; exit 2 ;;
+*) echo "usage: $0 split|stash|plan|collect|kernels|spec OUT"; exit 2 ;;
 esac
 log "$stage done"

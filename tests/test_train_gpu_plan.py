@@ -81,3 +81,16 @@ def test_dry_run_of_the_gpu_plan(tmp_path):
     assert summary["train_sequences"] + summary["eval_sequences"] == len(new) + len(base_keys)
     cfg = json.loads(files[f"{head}/config.json"])
     assert cfg["target"]["model_type"] == "qwen3" and cfg["extra"]["steps"] >= 1
+
+
+@pytest.mark.slow
+def test_dry_run_of_the_spec_stage(tmp_path):
+    """`gpu_session.sh spec` (float32 losslessness, then timed budgets) on the CPU with the default model and head."""
+    out = tmp_path / "out"
+    env = {**os.environ, "DRY": "1", "PY": sys.executable, "STATE_DIR": str(tmp_path / "state"),
+           "SITE_DIR": str(tmp_path / "site"), "OMP_NUM_THREADS": "1"}
+    log = _stage(env, "spec", str(out), timeout=600)
+    got = json.loads((out / "spec_check.json").read_text())
+    assert [r["budget"] for r in got["lossless"]] == [4, 16] and all(r["identical"] for r in got["lossless"])
+    assert set(got["speed"]["budgets"]) == {"4", "16"} and got["speed"]["ar_tok_s"] > 0
+    assert "token-identical to AR: **2/2**" in (out / "spec_check.md").read_text() and "spec done" in log
