@@ -20,14 +20,19 @@ _FLAG = "_jetflow_rowgemm"
 MAX_ROWS = 1024  # measured up to 256 rows (still ahead there); larger products (training, long prefills) stay stock
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias); rows > 1 on CPU as W @ X^T (a different rounding order, not different maths)."""
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           contiguous: bool = False) -> torch.Tensor:
+    """F.linear(x, weight, bias); rows > 1 on CPU as W @ X^T (a different rounding order, not different maths).
+
+    The result is then a transposed view (strides (1, rows)): torch ops take it as it is, but a kernel that assumes
+    row-major memory (SGLang's grammar bitmask, C++ CPU ops) needs contiguous=True (one copy of the output)."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if not 1 < rows <= MAX_ROWS or x.device.type != "cpu" or x.dtype != weight.dtype:
         return F.linear(x, weight, bias)
     flat = x.reshape(rows, x.shape[-1])
     out = torch.mm(weight, flat.t()) if bias is None else torch.addmm(bias[:, None], weight, flat.t())
-    return out.t().reshape(*x.shape[:-1], weight.shape[0])
+    out = out.t().contiguous() if contiguous else out.t()
+    return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
 def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:

@@ -35,3 +35,11 @@ def test_enable_disable_roundtrip_and_grad():
     assert not rowgemm.enabled(model)
     assert "forward" not in vars(model[0])
     assert torch.equal(model(x), ref)
+
+
+def test_contiguous_output_for_row_major_kernels():
+    x, w = torch.randn(6, 32), torch.randn(40, 32)
+    assert not rowgemm.linear(x, w).is_contiguous()  # the fast path returns the transposed view
+    out = rowgemm.linear(x, w, contiguous=True)
+    assert out.is_contiguous()
+    torch.testing.assert_close(out, F.linear(x, w), rtol=1e-5, atol=1e-5)

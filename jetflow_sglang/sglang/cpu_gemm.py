@@ -25,7 +25,7 @@ class RowGemmLinearMethod(UnquantizedLinearMethod):
     def apply(self, layer, x, bias=None):
         if use_intel_amx_backend(layer) or x.device.type != "cpu":
             return super().apply(layer, x, bias)
-        return rowgemm.linear(x, layer.weight, bias)
+        return rowgemm.linear(x, layer.weight, bias, contiguous=True)  # SGLang's CPU ops assume row-major
 
 
 def _wrap_lm_head(processor) -> bool:
@@ -43,7 +43,7 @@ def _wrap_lm_head(processor) -> bool:
                  and processor.rl_on_policy_target is None)
         if not plain:
             return original(hidden_states, lm_head, embedding_bias, out=out)
-        return rowgemm.linear(hidden_states, w)
+        return rowgemm.linear(hidden_states, w, contiguous=True)  # grammar masks write logits in place
 
     _compute_lm_head._jetflow = True
     processor._compute_lm_head = _compute_lm_head
