@@ -116,6 +116,10 @@ def cmd_generate(a) -> int:
     if a.compare_ar:
         autoregressive(target, ids, **{**kw, "max_new_tokens": 2})  # warm-up, so both runs start hot
         ar = autoregressive(target, ids, **kw)
+    if a.budget == "auto":  # the verify-cost prior is measured once per machine (cached), like loading the model
+        from .budget import measure_cost_prior
+
+        measure_cost_prior(target)
     res = Result(list(ids), [])
     t0, shown = time.perf_counter(), ""
     for rnd in generate(target, drafter, ids, budget=a.budget, **kw):
@@ -138,13 +142,15 @@ def cmd_generate(a) -> int:
         "tree": a.tree, "depth": getattr(drafter, "depth", None),
         "temperature": a.temperature, "new_tokens": len(res.tokens), "verify_steps": res.steps,
         "tau": round(res.tau, 4), "tokens_per_s": round(res.tokens_per_s, 3),
+        "mean_budget": round(sum(len(r.tree) for r in res.rounds if r.tree) / max(1, res.steps), 2),
         "ar_tokens_per_s": round(ar.tokens_per_s, 3) if ar else None,
         "speedup_vs_ar": round(res.tokens_per_s / ar.tokens_per_s, 4) if ar and ar.tokens_per_s else None,
         "lossless": (res.tokens == ar.tokens) if ar and a.temperature == 0 else None,
         "divergence": div,
     }
     out.write("\n")
-    stats = f"[jetflow] {drafter.name} budget={a.budget}: {len(res.tokens)} tokens, tau={res.tau:.2f}, {res.tokens_per_s:.1f} tok/s"
+    budget = f"auto (mean {summary['mean_budget']:.1f})" if a.budget == "auto" else a.budget
+    stats = f"[jetflow] {drafter.name} budget={budget}: {len(res.tokens)} tokens, tau={res.tau:.2f}, {res.tokens_per_s:.1f} tok/s"
     if ar:
         stats += f", AR {ar.tokens_per_s:.1f} tok/s, speedup {summary['speedup_vs_ar']:.2f}x"
         if summary["lossless"]:
@@ -170,7 +176,9 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="generate text with speculative decoding")
     g.add_argument("prompt")
-    g.add_argument("--budget", type=budget_arg, default=16, help="tree nodes per verify step, root included (1-512), or 'auto' to adapt it online")
+    g.add_argument("--budget", type=budget_arg, default="auto",
+                   help="tree nodes per verify step, root included (1-512), or 'auto' (default): adapt it online to "
+                        "this machine's verify cost and the head's acceptance")
     g.add_argument("--drafter", choices=DRAFTERS, default=None,
                    help="default: from the head (causal: jetflow; bidirectional, e.g. a DFlash release: ddtree)")
     g.add_argument("--width", type=positive_int, default=8, help="candidates per depth / per parent (>= 1)")

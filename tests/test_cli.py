@@ -45,6 +45,12 @@ def test_generate_json_is_lossless_and_reports(stack, capsys):
     code, out1, _ = run_cli(capsys, "The quick brown fox", "--target", target, "--head", head, "--budget", "1",
                             "--max-new-tokens", "24", "--json", "--threads", "1", "--dtype", "float32")
     assert json.loads(out1)["text"] == res["text"]
+    # the default budget is auto: it measures this machine's verify cost, adapts, and stays lossless
+    code, out2, err2 = run_cli(capsys, "The quick brown fox", "--target", target, "--head", head, "--max-new-tokens",
+                               "24", "--json", "--threads", "1", "--dtype", "float32", "--compare-ar")
+    auto = json.loads(out2)
+    assert code == 0 and auto["budget"] == "auto" and auto["lossless"] is True and auto["text"] == res["text"]
+    assert auto["mean_budget"] >= 1 and "budget=auto (mean" in err2
 
 
 @pytest.fixture
