@@ -37,51 +37,42 @@ def build_tokenizer(out: Path):
     return fast
 
 
-def build_tiny_qwen3(out, seed: int = 0) -> Path:
-    """A 4-layer random Qwen3 (hidden 64) saved as an HF folder (fp32 weights)."""
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+def _build_tiny(out, family: str, seed: int) -> Path:
+    """A 4-layer random Qwen3 or Qwen2 (hidden 64) with the tiny tokenizer, saved as an HF folder (fp32 weights)."""
+    import transformers
+    from transformers import GenerationConfig
 
     out = Path(out)
     if (out / "config.json").exists():
         return out
     out.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(out)
-    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                      tie_word_embeddings=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                      bos_token_id=None, torch_dtype="float32")
+    config_cls, model_cls = (getattr(transformers, f"{family}{k}") for k in ("Config", "ForCausalLM"))
+    cfg = config_cls(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                     tie_word_embeddings=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                     bos_token_id=None, torch_dtype="float32", **({"head_dim": 16} if family == "Qwen3" else {}))
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(cfg)
+    model = model_cls(cfg)
     with torch.no_grad():  # wider logit gaps than the default init, so float noise cannot flip a greedy choice;
         model.lm_head.weight.mul_(4.0)  # untied, so the model does not just repeat its last token
+        if family == "Qwen2":  # non-zero biases, so a missing bias would change the output
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(0, 0.05)
     model.save_pretrained(out)
     GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id).save_pretrained(out)
     return out
+
+
+def build_tiny_qwen3(out, seed: int = 0) -> Path:
+    """A 4-layer random Qwen3 (hidden 64) saved as an HF folder (fp32 weights)."""
+    return _build_tiny(out, "Qwen3", seed)
 
 
 def build_tiny_qwen2(out, seed: int = 0) -> Path:
     """A 4-layer random Qwen2 (Qwen2.5 shares the architecture; q/k/v biases, no q/k norm), same tokenizer."""
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
-
-    out = Path(out)
-    if (out / "config.json").exists():
-        return out
-    out.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(out)
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      tie_word_embeddings=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                      bos_token_id=None, torch_dtype="float32")
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(cfg)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(4.0)
-        for layer in model.model.layers:  # non-zero biases, so a missing bias would change the output
-            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                proj.bias.normal_(0, 0.05)
-    model.save_pretrained(out)
-    GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id).save_pretrained(out)
-    return out
+    return _build_tiny(out, "Qwen2", seed)
 
 
 def build_tiny_head(target_dir, out, seed: int = 1, causal: bool = True) -> Path:

@@ -85,3 +85,10 @@ class Server:
 
     def post(self, path: str, body: dict, timeout: float = 300) -> requests.Response:
         return requests.post(self.url + path, json=body, timeout=timeout)
+
+
+def jetflow_server(target, head, log: Path, budget: int, *extra: str) -> Server:
+    """A float32 JETFLOW server on a tiny target with a tiny head (not started: call wait_ready)."""
+    return Server(str(target), ["--dtype", "float32", "--speculative-algorithm", "JETFLOW",
+                                "--speculative-draft-model-path", str(head), "--speculative-num-draft-tokens",
+                                str(budget), *extra], log)

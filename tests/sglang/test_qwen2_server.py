@@ -11,7 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from sgl_fixtures import build_tiny_head, build_tiny_qwen2, hf_greedy  # noqa: E402
-from sgl_server import Server  # noqa: E402
+from sgl_server import jetflow_server  # noqa: E402
 
 torch.set_num_threads(1)
 if os.environ.get("JETFLOW_SKIP_SGLANG") != "1":
@@ -26,9 +26,7 @@ def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("qwen2")
     target = build_tiny_qwen2(root / "tiny-qwen2")
     head = build_tiny_head(target, root / "tiny-head")
-    srv = Server(str(target), ["--dtype", "float32", "--speculative-algorithm", "JETFLOW",
-                               "--speculative-draft-model-path", str(head), "--speculative-num-draft-tokens", "6"],
-                 root / "server.log")
+    srv = jetflow_server(target, head, root / "server.log", 6)
     try:
         yield srv.wait_ready(), str(target)
     finally:

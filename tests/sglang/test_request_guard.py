@@ -14,7 +14,7 @@ from jetflow_sglang.sglang.request_guard import body_is_non_object_json, check_i
 
 sys.path.insert(0, str(Path(__file__).parent))
 from sgl_fixtures import build_tiny_head, build_tiny_qwen3  # noqa: E402
-from sgl_server import Server  # noqa: E402
+from sgl_server import jetflow_server  # noqa: E402
 
 
 # -- unit: the checks themselves ------------------------------------------------------------------------------
@@ -76,9 +76,7 @@ def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("rg")
     target = build_tiny_qwen3(root / "tiny-qwen3")
     head = build_tiny_head(target, root / "tiny-head")
-    srv = Server(str(target), ["--dtype", "float32", "--speculative-algorithm", "JETFLOW",
-                               "--speculative-draft-model-path", str(head), "--speculative-num-draft-tokens", "4"],
-                 root / "server.log")
+    srv = jetflow_server(target, head, root / "server.log", 4)
     try:
         yield srv.wait_ready()
     finally:
