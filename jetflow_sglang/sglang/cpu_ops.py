@@ -83,9 +83,62 @@ def copy_all_layer_kv_cache_cpu(data_ptrs, strides, tgt_loc, src_loc):
         view[tgt] = view[src]
 
 
+def reconstruct_indices_from_tree_mask(tree_mask, verified_seq_len, positions, retrieve_index, retrieve_next_token,
+                                       retrieve_next_sibling, batch_size, draft_token_num):
+    """SGLang's NGRAM verify metadata from its [b, n, n] ancestor-or-self mask (the contract stated in
+    sglang/kernels/ops/speculative/reconstruct_tree.py): positions = seq_len + depth, retrieve_index = b * n + i,
+    first child and next sibling of every node (-1 when none). Lets SGLang's own NGRAM run on CPU for comparison."""
+    b, n = int(batch_size), int(draft_token_num)
+    if b == 0:
+        return
+    dev = tree_mask.device
+    idx = torch.arange(n, device=dev)
+    anc = tree_mask.reshape(-1)[: b * n * n].view(b, n, n).bool() & (idx[None, :] < idx[:, None])  # strict
+    parent = torch.where(anc, idx, -1).amax(-1)  # [b, n]: the nearest (largest) strict ancestor
+    first_child = torch.where(anc, idx[:, None], n).amin(1)  # [b, n]: smallest k with ancestors[k, tid]
+    later = idx[:, None] > idx[None, :]  # [k, tid]: k > tid
+    same = (parent[:, :, None] == parent[:, None, :]) & later
+    first_sib = torch.where(same, idx[:, None], n).amin(1)
+    flat = lambda t, x: t.view(-1)[: b * n].copy_(x.reshape(-1).to(t.dtype))  # noqa: E731
+    flat(positions, anc.sum(-1) + verified_seq_len[:b, None].to(dev))
+    flat(retrieve_index, torch.arange(b * n, device=dev))
+    flat(retrieve_next_token, torch.where(first_child < n, first_child, -1))
+    flat(retrieve_next_sibling, torch.where((parent >= 0) & (first_sib < n), first_sib, -1))
+
+
+def verify_tree_greedy_cpu(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+                           retrive_next_sibling, target_predict):
+    """SGLang's greedy tree verify (the contract of its Triton kernel in kernels/ops/speculative/spec_tree.py): walk
+    from the root, at each level take the first child (then its siblings) whose token is the target's prediction at
+    the last accepted node. NGRAM's path only (JETFLOW accepts on the device in accept.py); batch x depth loop."""
+    bs, n = candidates.shape
+    steps = accept_index.shape[1]
+    cand, ridx = candidates.tolist(), retrive_index.tolist()
+    nxt, sib = retrive_next_token.tolist(), retrive_next_sibling.tolist()
+    target = target_predict.reshape(-1).tolist()
+    pred = predicts.reshape(-1)
+    for b in range(bs):
+        last, num, cur = ridx[b][0], 0, 0
+        accepted = [last]
+        for _ in range(1, steps):
+            cur = nxt[b][cur]
+            while cur != -1 and cand[b][cur] != target[last]:
+                cur = sib[b][cur]
+            if cur == -1:
+                break
+            pred[last] = target[last]
+            num += 1
+            last = ridx[b][cur]
+            accepted.append(last)
+        accept_index[b, :len(accepted)] = torch.tensor(accepted, dtype=accept_index.dtype)
+        accept_token_num[b] = num
+        pred[last] = target[last]
+
+
 OPS = {f.__name__: f for f in (
     assign_extend_cache_locs_cpu, assign_req_to_token_pool_cpu, assign_draft_cache_locs_contiguous_cpu,
-    fill_accept_out_cache_loc_cpu, fill_bonus_tokens_cpu, copy_all_layer_kv_cache_cpu)}
+    fill_accept_out_cache_loc_cpu, fill_bonus_tokens_cpu, copy_all_layer_kv_cache_cpu, verify_tree_greedy_cpu)}
+SUBMODULE_OPS = {"sgl_kernel.speculative": {"reconstruct_indices_from_tree_mask": reconstruct_indices_from_tree_mask}}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -114,6 +167,8 @@ class _StubModule(types.ModuleType):
             raise AttributeError(name)
         if self.__name__ == "sgl_kernel" and name in OPS:
             return OPS[name]
+        if name in SUBMODULE_OPS.get(self.__name__, {}):
+            return SUBMODULE_OPS[self.__name__][name]
         return _stub(f"{self.__name__}.{name}")
 
 

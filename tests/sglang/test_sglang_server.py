@@ -317,3 +317,22 @@ def test_long_prompt_chunked_prefill(servers, models, tok):
     body = dict(input_ids=ids, sampling_params={"max_new_tokens": 24, "temperature": 0, "ignore_eos": True})
     a, b = spec.generate(**body), plain.generate(**body)
     assert a["output_ids"] == b["output_ids"] == hf_greedy(models[0], ids, 24, stop_at_eos=False)
+
+
+def test_sglang_ngram_runs_on_cpu_and_matches_plain(servers, models, tmp_path, tok):
+    """SGLang's own NGRAM (the serving benchmark's baseline) on CPU through the shim's metadata and greedy-verify
+    ops and JetFlow's tree backend: greedy output identical to HF and to the plain server, with accepted drafts."""
+    _, plain = servers
+    srv = Server(models[0], ["--dtype", "float32", "--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens",
+                             "8", "--attention-backend", "jetflow_tree_native", "--max-running-requests", "4"],
+                 tmp_path / "ngram.log")
+    try:
+        srv.wait_ready()
+        ids = tok("1 2 3 4 5 1 2 3 4 5 1 2 3").input_ids
+        body = dict(input_ids=ids, sampling_params={"max_new_tokens": 24, "temperature": 0, "ignore_eos": True})
+        got = srv.generate(**body)
+        assert got["output_ids"] == plain.generate(**body)["output_ids"] == hf_greedy(models[0], ids, 24,
+                                                                                          stop_at_eos=False)
+        assert got["meta_info"]["spec_verify_ct"] < 24  # some rounds accepted more than one token
+    finally:
+        srv.stop()
