@@ -165,6 +165,7 @@ def _plot(path: Path, results: list[dict]) -> None:
                 ax.plot([r["concurrency"] for r in rows], [r["output_tok_per_s"] for r in rows], marker="o", label=cfg)
         ax.set(title=w, xlabel="concurrency", ylabel="output tok/s", xscale="log", xticks=[1, 2, 4, 8])
         ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.get_xaxis().set_minor_formatter(matplotlib.ticker.NullFormatter())  # no "3x10^0" labels between levels
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
