@@ -14,6 +14,10 @@ The best budget maximises tokens per second: batch * tau(b) / (t_draft(b) + t_ve
   under EXPLORE_FRAC of the elapsed time (plus one round): a ledger that bounds the loss against plain decoding even
   when the confidence bounds are too optimistic. The current budget is kept unless another one is better by the
   hysteresis margin.
+- The plain step (the lowest rung) is never priced by extrapolation alone: while the best budget is a tree, one plain
+  round is run whenever this batch size has no measurement of it younger than PROBE_EVERY rounds (under the same
+  ledger; a measured cost prior stands in for the first PROBE_EVERY rounds). A prior that is wrong in shape (the neutral one, a server without JETFLOW_COST_PRIOR) would otherwise make
+  plain decoding look as expensive as the trees it was scaled to, and speculation would never stop.
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ GAIN_SD_FLOOR = 0.3  # a gain's spread is not known from one or two rounds
 EXPLORE_FRAC = 0.03  # exploration may cost at most this share of the time (regret ledger, see _can_afford)
 UCB_C = 1.0  # width of the confidence bound on tau, in standard deviations at log(rounds) = 1
 NEUTRAL_PRIOR = {1: 1.0, 64: 2.0, 256: 5.0}  # relative verify cost when nothing is measured
+PROBE_EVERY = 64  # rounds after which the plain step's measured cost counts as stale and is measured again
 
 
 def _bucket(n_tokens: int) -> int:
@@ -97,12 +102,14 @@ class AdaptiveBudget:
         if max_budget not in self.ladder:
             self.ladder.append(max_budget)
         self.prior = {int(k): float(v) for k, v in (cost_prior or NEUTRAL_PRIOR).items()}
+        self.prior_measured = cost_prior is not None  # a measured prior prices the plain step until it goes stale
         self.draft_prior = draft_prior_s if draft_prior_s is not None else 0.25 * interp_cost(self.prior, 1)
         self.decay, self.hysteresis = decay, hysteresis
         # per rung b >= 2: tokens a budget-b tree accepts beyond the rung below it, per request and round (paired)
         self.inc = {b: _Decayed() for b in self.ladder if b >= 2}
         self.verify_s: dict[int, float] = {}  # bucket of verified tokens -> decayed mean seconds (trees)
         self.plain_s: dict[int, float] = {}  # bucket of batch -> seconds of a plain decode step (budget 0)
+        self.plain_at: dict[int, int] = {}  # bucket of batch -> round of the lowest rung's last measurement
         self.draft_s: dict[int, float] = {}  # rung -> decayed mean seconds of a drafting round
         self.t = 0  # rounds observed
         self.current: int | None = None
@@ -199,6 +206,11 @@ class AdaptiveBudget:
         if self.rate(cur, batch) >= (1 - self.hysteresis) * self.rate(best, batch):
             best = cur  # hysteresis: stay unless another budget is clearly better
         self.current = best
+        low = self.ladder[0]
+        if best != low and self._plain_stale(batch) and self._can_afford(low, best, batch):
+            self.explored += 1  # measure the plain step instead of trusting its extrapolated cost
+            self._pending = (low, self.rate(best, batch))
+            return low
         bar = (1 + self.hysteresis) * self.rate(best, batch)
         top = self._largest_observed()
         # only larger trees teach something new; never more than one doubling past what has been seen (before any
@@ -218,6 +230,12 @@ class AdaptiveBudget:
         worst = self.round_cost(cand, batch) - batch / self.rate(best, batch)  # the round if it accepts nothing extra
         allowance = EXPLORE_FRAC * self.elapsed + self.round_cost(best, batch)
         return self.regret + max(0.0, worst) <= allowance
+
+    def _plain_stale(self, batch: int) -> bool:
+        seen = self.plain_at.get(_bucket(batch))
+        if seen is None:
+            return not self.prior_measured or self.t >= PROBE_EVERY
+        return self.t - seen >= PROBE_EVERY
 
     def _next_rung(self, b: int) -> int | None:
         return min([r for r in self.ladder if r > b], default=None)
@@ -258,6 +276,8 @@ class AdaptiveBudget:
             now = [1 + sum(1 for i in path[1:] if i < b) for path in paths]
             gain.add([x - y for x, y in zip(now, prev)], self.decay)
             prev = now
+        if budget <= self.ladder[0]:
+            self.plain_at[_bucket(batch)] = self.t
         if verify_s > 0:
             table, key = (self.plain_s, _bucket(batch)) if budget == 0 else (self.verify_s, _bucket(batch * budget))
             old = table.get(key)

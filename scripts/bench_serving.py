@@ -129,7 +129,7 @@ def write_report(out: Path, meta: dict, results: list[dict], failures: dict) -> 
              f"model `{meta['model']}`, head `{meta['head']}`, drafter `{meta['drafter']}`, dtype {meta['dtype']}, "
              f"{meta['requests_per_level']} requests per level (GSM8K + MT-Bench chat prompts), max_tokens "
              f"{meta['max_tokens']}, greedy, radix cache on; shared-prefix: a {meta['prefix_tokens']}-token system "
-             f"prompt + different questions; machine: {meta['machine']}; sglang {meta['sglang']}, torch {meta['torch']}.",
+             f"prompt + different questions; {meta.get('threads', 1)} torch threads per server; machine: {meta['machine']}; sglang {meta['sglang']}, torch {meta['torch']}.",
              "", "| workload | config | conc. | output tok/s | vs nospec | TTFT mean (s) | ITL mean (ms) | "
                  "e2e mean (s) | e2e p50 | e2e max | accept len | cached tok |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -186,10 +186,15 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--dtype", default="auto", help="auto: bfloat16 where the hardware computes it natively, else float32")
     ap.add_argument("--max-total-tokens", type=int, default=16384, help="KV pool size of every server")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads of every server (OMP_NUM_THREADS). Default 1, the setting of the committed "
+                         "runs: with 2 threads on the 2-core machine the tokenizer, detokenizer and HTTP processes "
+                         "compete with the OpenMP threads, and neither plain decoding nor JETFLOW got faster")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "sglang_serving"))
     a = ap.parse_args(argv)
-    if any(c < 1 for c in a.concurrency + a.prefix_concurrency) or a.requests < 1 or a.max_tokens < 1:
-        ap.error("concurrency, requests and max-tokens must be >= 1")
+    if any(c < 1 for c in a.concurrency + a.prefix_concurrency) or a.requests < 1 or a.max_tokens < 1 \
+            or a.threads < 1:
+        ap.error("concurrency, requests, max-tokens and threads must be >= 1")
 
     from transformers import AutoTokenizer
 
@@ -220,7 +225,7 @@ def main(argv=None) -> int:
     servers = {}  # every configuration's server runs at once (asleep when idle), so each level runs them back to back
     for name in tqdm(a.configs, desc="servers", unit="server"):
         args, env = config_args(name, head, drafter)
-        srv = Server(model, [*common, *args], logs / f"{name}.log", env=env)
+        srv = Server(model, [*common, *args], logs / f"{name}.log", env={**env, "OMP_NUM_THREADS": str(a.threads)})
         try:
             srv.wait_ready()
             stream_one(srv.url, mixed[0], 4)  # warm-up
@@ -255,7 +260,7 @@ def main(argv=None) -> int:
     bar.close()
     meta = {"command": " ".join(["python", "scripts/bench_serving.py", *(argv if argv is not None else sys.argv[1:])]),
             "model": model, "head": head, "drafter": drafter, "dtype": dtype, "max_tokens": a.max_tokens,
-            "requests_per_level": a.requests, "prefix_tokens": a.prefix_tokens,
+            "requests_per_level": a.requests, "prefix_tokens": a.prefix_tokens, "threads": a.threads,
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or 'CPU'}",
             "sglang": _version("sglang"), "torch": _version("torch"), "date": time.strftime("%Y-%m-%d %H:%M")}
     print(write_report(out, meta, results, failures))

@@ -215,3 +215,19 @@ def test_max_budget_is_reachable():
     flat = lambda n: 0.020 + 0.00001 * n  # noqa: E731
     _, ctl = simulate(AdaptiveBudget(max_budget=32, cost_prior={1: 0.02, 64: 0.021}), flat, 0.001, 0.95, tokens=300)
     assert ctl.choose() == 32
+
+
+@pytest.mark.parametrize("allow_zero", [False, True])
+def test_a_wrong_optimistic_prior_is_unlearnt(allow_zero):
+    """No prior (SGLang's server without JETFLOW_COST_PRIOR: the neutral shape) while trees really cost 1.6-2.2
+    plain steps (one CPU thread): the plain step's cost must be measured, not extrapolated from the trees', and `auto`
+    must end up decoding plainly at about plain decoding's cost."""
+    real = lambda n: 0.100 * (1.0 if n <= 1 else 1.55 + 0.08 * math.log2(n))  # noqa: E731
+    plain_s = 0.100
+    fixed = total(lambda: 0 if allow_zero else 1, real, 0.010, 0.35, tokens=400, plain=plain_s)
+    auto = total(lambda: AdaptiveBudget(max_budget=16, allow_zero=allow_zero), real, 0.010, 0.35, tokens=400,
+                 plain=plain_s)
+    assert auto <= 1.05 * fixed, (auto, fixed)
+    _, ctl = simulate(AdaptiveBudget(max_budget=16, allow_zero=allow_zero), real, 0.010, 0.35, tokens=400,
+                      plain=plain_s)
+    assert ctl.choose() <= 1
