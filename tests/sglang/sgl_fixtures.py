@@ -75,6 +75,20 @@ def build_tiny_qwen2(out, seed: int = 0) -> Path:
     return _build_tiny(out, "Qwen2", seed)
 
 
+def tiny_jetflow_server(root: Path, family: str, budget: int):
+    """Yields a started float32 JETFLOW server on a tiny random Qwen3/Qwen2 target with a tiny head, and the target's
+    folder; the server is stopped afterwards (a module fixture's body)."""
+    from sgl_server import jetflow_server
+
+    target = _build_tiny(root / f"tiny-{family.lower()}", family, 0)
+    head = build_tiny_head(target, root / "tiny-head")
+    srv = jetflow_server(target, head, root / "server.log", budget)
+    try:
+        yield srv.wait_ready(), target
+    finally:
+        srv.stop()
+
+
 def build_tiny_head(target_dir, out, seed: int = 1, causal: bool = True) -> Path:
     """A 1-layer JetFlow head (causal, or bidirectional like DFlash) tapping layers 1 and 2 of the tiny target,
     initialised from the target."""

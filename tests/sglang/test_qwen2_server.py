@@ -10,8 +10,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sgl_fixtures import build_tiny_head, build_tiny_qwen2, hf_greedy  # noqa: E402
-from sgl_server import jetflow_server  # noqa: E402
+from sgl_fixtures import hf_greedy, tiny_jetflow_server  # noqa: E402
 
 torch.set_num_threads(1)
 if os.environ.get("JETFLOW_SKIP_SGLANG") != "1":
@@ -23,14 +22,8 @@ PROMPTS = ["The quick brown fox", "def fib(n):", "1 2 3 4 5"]
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("qwen2")
-    target = build_tiny_qwen2(root / "tiny-qwen2")
-    head = build_tiny_head(target, root / "tiny-head")
-    srv = jetflow_server(target, head, root / "server.log", 6)
-    try:
-        yield srv.wait_ready(), str(target)
-    finally:
-        srv.stop()
+    for srv, target in tiny_jetflow_server(tmp_path_factory.mktemp("qwen2"), "Qwen2", 6):
+        yield srv, str(target)
 
 
 def test_qwen2_target_serves_jetflow_identical_to_hf(setup):

@@ -13,8 +13,7 @@ import requests
 from jetflow_sglang.sglang.request_guard import body_is_non_object_json, check_input_ids, raised_validating_body
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sgl_fixtures import build_tiny_head, build_tiny_qwen3  # noqa: E402
-from sgl_server import jetflow_server  # noqa: E402
+from sgl_fixtures import tiny_jetflow_server  # noqa: E402
 
 
 # -- unit: the checks themselves ------------------------------------------------------------------------------
@@ -73,14 +72,8 @@ BAD = [  # (path, raw JSON body)
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("rg")
-    target = build_tiny_qwen3(root / "tiny-qwen3")
-    head = build_tiny_head(target, root / "tiny-head")
-    srv = jetflow_server(target, head, root / "server.log", 4)
-    try:
-        yield srv.wait_ready()
-    finally:
-        srv.stop()
+    for srv, _ in tiny_jetflow_server(tmp_path_factory.mktemp("rg"), "Qwen3", 4):
+        yield srv
 
 
 def _health(srv) -> int:
