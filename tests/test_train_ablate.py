@@ -32,3 +32,5 @@ def test_ablation_runs_arms_and_resumes(tmp_path):
     rows2 = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     assert [r["arm"] for r in rows2] == ["base", "base-seed1", "layers3"] and rows2[:2] == rows
     assert rows2[2]["layers"] == 3
+    table = (out / "results.md").read_text().splitlines()
+    assert len(table) == 2 + 3 and table[2].startswith("| base | - |") and "layers=3" in table[4]

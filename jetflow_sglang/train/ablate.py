@@ -121,6 +121,23 @@ def main(argv=None):
         print(json.dumps(r), flush=True)
         with open(results_path, "a") as f:
             f.write(json.dumps(r) + "\n")
+    table = markdown([json.loads(x) for x in open(results_path)])
+    (out / "results.md").write_text(table)
+    print(table)
+
+
+def markdown(rows: list[dict]) -> str:
+    """The arms as a table, each against the base arm; the second seed's row is the noise floor to read them by."""
+    base = next((r for r in rows if r["arm"] == "base"), None)
+    lines = ["| arm | changed | held-out KL | acc1 | tau_w8 | tau_chain | d KL vs base | d tau_w8 vs base | train s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        changed = ", ".join(f"{k}={v}" for k, v in ARMS.get(r["arm"], {}).items()) or "-"
+        d_kl = f"{r['eval_kl'] - base['eval_kl']:+.3f}" if base else ""
+        d_tau = f"{r['tau_w8'] - base['tau_w8']:+.3f}" if base else ""
+        lines.append(f"| {r['arm']} | {changed} | {r['eval_kl']:.3f} | {r['eval_acc1']:.3f} | {r['tau_w8']:.3f} | "
+                     f"{r['tau_chain']:.3f} | {d_kl} | {d_tau} | {r['train_s']:.0f} |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
