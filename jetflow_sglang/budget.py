@@ -16,8 +16,9 @@ The best budget maximises tokens per second: batch * tau(b) / (t_draft(b) + t_ve
   hysteresis margin.
 - The plain step (the lowest rung) is never priced by extrapolation alone: while the best budget is a tree, one plain
   round is run whenever this batch size has no measurement of it younger than PROBE_EVERY rounds (under the same
-  ledger; a measured cost prior stands in for the first PROBE_EVERY rounds). A prior that is wrong in shape (the neutral one, a server without JETFLOW_COST_PRIOR) would otherwise make
-  plain decoding look as expensive as the trees it was scaled to, and speculation would never stop.
+  ledger; a measured cost prior stands in for the first PROBE_EVERY rounds). A prior that is wrong in shape (the
+  neutral one: a server without JETFLOW_COST_PRIOR) would otherwise make plain decoding look as expensive as the
+  trees it was scaled to, and speculation would never stop.
 """
 from __future__ import annotations
 
