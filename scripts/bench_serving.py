@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "sglang"))
 from sgl_server import Server  # noqa: E402  (the same launcher the e2e tests use)
 
-CONFIGS = ("nospec", "jetflow-b8", "jetflow-b16", "jetflow-auto", "ngram")
+CONFIGS = ("nospec", "jetflow-b8", "jetflow-b16", "jetflow-auto", "ngram")  # the default run
+EXTRA = ("jetflow-b1",)  # JETFLOW's plain step alone (budget 1: no head forward, a one-node verify)
 SYSTEM = ("You are a careful assistant for a school. Answer the question that follows. Explain every step of your "
           "reasoning in plain words, check each number twice, keep units consistent, and end with a short summary "
           "sentence that states the final answer. Be polite and concise, avoid jargon, and never invent facts. ")
@@ -94,16 +95,21 @@ def stream_one(url: str, ids: list[int], max_tokens: int) -> dict:
             "accept": last_meta.get("spec_accept_length"), "cached": last_meta.get("cached_tokens", 0)}
 
 
-def run_level(srv: Server, prompts: list[list[int]], concurrency: int, max_tokens: int) -> dict:
+def run_level(srv: Server, prompts: list[list[int]], concurrency: int, max_tokens: int) -> tuple[list[dict], float]:
+    """Every prompt once, `concurrency` at a time: (per-request records, wall seconds)."""
     t0 = time.perf_counter()
     with cf.ThreadPoolExecutor(concurrency) as pool:
         res = list(pool.map(lambda ids: stream_one(srv.url, ids, max_tokens), prompts))
-    wall = time.perf_counter() - t0
+    return res, time.perf_counter() - t0
+
+
+def summarize(concurrency: int, res: list[dict], wall: float) -> dict:
+    """One row from the records of a level's rounds (wall: their total wall time)."""
     toks = sum(x["tokens"] for x in res)
     acc = [x["accept"] for x in res if x["accept"] is not None]
     mean = lambda k: round(statistics.mean(x[k] for x in res), 4)  # noqa: E731
     p50 = lambda k: round(statistics.median(x[k] for x in res), 4)  # noqa: E731
-    return {"concurrency": concurrency, "requests": len(prompts), "output_tokens": toks, "wall_s": round(wall, 3),
+    return {"concurrency": concurrency, "requests": len(res), "output_tokens": toks, "wall_s": round(wall, 3),
             "output_tok_per_s": round(toks / wall, 3), "ttft_mean_s": mean("ttft"), "ttft_p50_s": p50("ttft"),
             "itl_mean_ms": round(1000 * statistics.mean(x["itl"] for x in res), 3),
             "e2e_mean_s": mean("e2e"), "e2e_p50_s": p50("e2e"), "e2e_max_s": round(max(x["e2e"] for x in res), 4),
@@ -124,10 +130,12 @@ def write_report(out: Path, meta: dict, results: list[dict], failures: dict) -> 
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results, "failures": failures},
                                                    indent=2))
     base = {(r["workload"], r["concurrency"]): r["output_tok_per_s"] for r in results if r["config"] == "nospec"}
-    lines = [f"# SGLang serving: JETFLOW vs no speculation vs NGRAM ({meta['date']})", "",
+    names = list(dict.fromkeys(r["config"] for r in results))
+    lines = [f"# SGLang serving: {', '.join(names)} ({meta['date']})", "",
              f"Command: `{meta['command']}`", "",
              f"model `{meta['model']}`, head `{meta['head']}`, drafter `{meta['drafter']}`, dtype {meta['dtype']}, "
-             f"{meta['requests_per_level']} requests per level (GSM8K + MT-Bench chat prompts), max_tokens "
+             f"{meta['requests_per_level']} requests per level and round, {meta.get('rounds', 1)} round(s) pooled "
+             f"(GSM8K + MT-Bench chat prompts), max_tokens "
              f"{meta['max_tokens']}, greedy, radix cache on; shared-prefix: a {meta['prefix_tokens']}-token system "
              f"prompt + different questions; {meta.get('threads', 1)} torch threads per server; machine: {meta['machine']}; sglang {meta['sglang']}, torch {meta['torch']}.",
              "", "| workload | config | conc. | output tok/s | vs nospec | TTFT mean (s) | ITL mean (ms) | "
@@ -164,6 +172,7 @@ def _plot(path: Path, results: list[dict]) -> None:
             if rows:
                 ax.plot([r["concurrency"] for r in rows], [r["output_tok_per_s"] for r in rows], marker="o", label=cfg)
         ax.set(title=w, xlabel="concurrency", ylabel="output tok/s", xscale="log", xticks=[1, 2, 4, 8])
+        ax.set_ylim(bottom=0)  # ratios read true against a zero baseline
         ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
         ax.get_xaxis().set_minor_formatter(matplotlib.ticker.NullFormatter())  # no "3x10^0" labels between levels
         ax.legend()
@@ -177,11 +186,14 @@ def main(argv=None) -> int:
     ap.add_argument("--model", help="target folder (default: the converted SmolLM2-135M-Instruct)")
     ap.add_argument("--head", help="JetFlow head folder (default: the shipped head)")
     ap.add_argument("--drafter", default=None, help="JETFLOW_DRAFTER (default: jetflow with a head, else ngram)")
-    ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS)
+    ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS + EXTRA)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--prefix-concurrency", type=int, nargs="*", default=[1, 4],
                     help="concurrency levels of the shared-prefix workload (none: skip it)")
     ap.add_argument("--requests", type=int, default=16, help="requests per concurrency level")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every level this many times (the configurations' order rotating each time); a row "
+                         "pools its rounds: throughput = all tokens / all wall time")
     ap.add_argument("--prefix-tokens", type=int, default=400)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--dtype", default="auto", help="auto: bfloat16 where the hardware computes it natively, else float32")
@@ -193,8 +205,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "sglang_serving"))
     a = ap.parse_args(argv)
     if any(c < 1 for c in a.concurrency + a.prefix_concurrency) or a.requests < 1 or a.max_tokens < 1 \
-            or a.threads < 1:
-        ap.error("concurrency, requests, max-tokens and threads must be >= 1")
+            or a.threads < 1 or a.rounds < 1:
+        ap.error("concurrency, requests, max-tokens, threads and rounds must be >= 1")
 
     from transformers import AutoTokenizer
 
@@ -218,7 +230,7 @@ def main(argv=None) -> int:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     logs = Path(tempfile.mkdtemp(prefix="jetflow-bench-"))  # server logs stay out of the results folder
-    results, failures = [], {}
+    failures = {}
     levels = [(wname, prompts, c) for wname, prompts, levels_c in workloads for c in levels_c]
     common = ["--dtype", dtype, "--max-total-tokens", str(a.max_total_tokens), "--sleep-on-idle",
               "--max-running-requests", str(max(a.concurrency + a.prefix_concurrency))]
@@ -233,9 +245,10 @@ def main(argv=None) -> int:
         except (RuntimeError, TimeoutError, requests.RequestException):
             failures[name] = f"did not start: {_last_error(srv.log)}"
             srv.stop()
-    bar = tqdm(total=len(servers) * len(levels), desc="bench", unit="level")
+    bar = tqdm(total=len(servers) * len(levels) * a.rounds, desc="bench", unit="level")
+    pooled: dict[tuple[str, str, int], tuple[list[dict], float, dict]] = {}  # (config, workload, c) -> rounds so far
     try:
-        for k, (wname, prompts, c) in enumerate(levels):
+        for k, (wname, prompts, c) in enumerate(level for _ in range(a.rounds) for level in levels):
             names = [n for n in a.configs if n in servers]
             for name in names[k % len(names):] + names[:k % len(names)] if names else []:  # rotate the order
                 bar.set_postfix_str(f"{name} {wname} c={c}")
@@ -245,9 +258,9 @@ def main(argv=None) -> int:
                     continue
                 try:
                     srv.flush_cache()  # every level starts cold
-                    row = {"config": name, "workload": wname, **run_level(srv, prompts, c, a.max_tokens)}
-                    row["server"] = server_state(srv)
-                    results.append(row)
+                    recs, wall = run_level(srv, prompts, c, a.max_tokens)
+                    old_recs, old_wall, _ = pooled.get((name, wname, c), ([], 0.0, {}))
+                    pooled[(name, wname, c)] = (old_recs + recs, old_wall + wall, server_state(srv))
                 except requests.RequestException as e:  # the server died mid-run: say why, keep the others
                     failures[name] = f"{type(e).__name__} at {wname} c={c}; server: {_last_error(srv.log)}"
                     servers.pop(name).stop()
@@ -255,12 +268,16 @@ def main(argv=None) -> int:
     finally:
         for srv in servers.values():
             srv.stop()
+    per_round = {wname: len(prompts) for wname, prompts, _ in workloads}
+    results = [{"config": name, "workload": wname, "rounds": len(recs) // per_round[wname],
+                **summarize(c, recs, wall), "server": state}
+               for (name, wname, c), (recs, wall, state) in pooled.items()]
     order = {n: i for i, n in enumerate(a.configs)}
     results.sort(key=lambda r: (r["workload"] != "mixed", order[r["config"]], r["concurrency"]))
     bar.close()
     meta = {"command": " ".join(["python", "scripts/bench_serving.py", *(argv if argv is not None else sys.argv[1:])]),
             "model": model, "head": head, "drafter": drafter, "dtype": dtype, "max_tokens": a.max_tokens,
-            "requests_per_level": a.requests, "prefix_tokens": a.prefix_tokens, "threads": a.threads,
+            "requests_per_level": a.requests, "rounds": a.rounds, "prefix_tokens": a.prefix_tokens, "threads": a.threads,
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or 'CPU'}",
             "sglang": _version("sglang"), "torch": _version("torch"), "date": time.strftime("%Y-%m-%d %H:%M")}
     print(write_report(out, meta, results, failures))
