@@ -13,7 +13,8 @@ The best budget maximises tokens per second: batch * tau(b) / (t_draft(b) + t_ve
   (regret grows like log(rounds)), and only while the time exploration lost against the best budget so far stays
   under EXPLORE_FRAC of the elapsed time (plus one round): a ledger that bounds the loss against plain decoding even
   when the confidence bounds are too optimistic. The current budget is kept unless another one is better by the
-  hysteresis margin.
+  hysteresis margin, except against plain decoding: a tree is kept only while it is estimated to beat it (staying
+  on a tree within the margin would lose up to the margin against plain decoding on every round).
 - The plain step (the lowest rung) is never priced by extrapolation alone: while the best budget is a tree, one plain
   round is run whenever this batch size has no measurement of it younger than PROBE_EVERY rounds (under the same
   ledger; a measured cost prior stands in for the first PROBE_EVERY rounds). A prior that is wrong in shape (the
@@ -204,10 +205,10 @@ class AdaptiveBudget:
         known = [b for b in self.ladder if self.tau(b) is not None]
         best = max(known, key=lambda b: self.rate(b, batch))
         cur = self.current if self.current in known else best
-        if self.rate(cur, batch) >= (1 - self.hysteresis) * self.rate(best, batch):
-            best = cur  # hysteresis: stay unless another budget is clearly better
-        self.current = best
         low = self.ladder[0]
+        if self.rate(cur, batch) >= (1 - self.hysteresis) * self.rate(best, batch) and (cur == low or best != low):
+            best = cur  # hysteresis: stay unless another budget is clearly better; plain decoding wins every tie
+        self.current = best
         if best != low and self._plain_stale(batch) and self._can_afford(low, best, batch):
             self.explored += 1  # measure the plain step instead of trusting its extrapolated cost
             self._pending = (low, self.rate(best, batch))

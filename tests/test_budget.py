@@ -231,3 +231,19 @@ def test_a_wrong_optimistic_prior_is_unlearnt(allow_zero):
     _, ctl = simulate(AdaptiveBudget(max_budget=16, allow_zero=allow_zero), real, 0.010, 0.35, tokens=400,
                       plain=plain_s)
     assert ctl.choose() <= 1
+
+
+def test_plain_decoding_wins_a_tie_with_a_tree():
+    """A tree a few percent slower than plain decoding (inside the hysteresis margin) must not be kept once plain
+    decoding is measured: staying would lose that margin on every round. The prior is wrong in shape (it makes the
+    2-node tree look cheap), so auto starts on the tree and only the plain probe shows the truth."""
+    # p = 1: every tree accepts its whole chain (tau(2) = 2), so the rates are exact; budget 2 runs at 0.97x the
+    # rate of plain decoding (2 / (0.0595 + 0.004) against 1 / (0.030 + 0.0008)), larger trees far below it
+    real = {1: 0.030, 2: 0.0595, 4: 0.200, 8: 0.400, 16: 0.800}
+    cost = lambda n: interp_cost(real, n)  # noqa: E731
+    prior = {1: 0.030, 2: 0.031, 4: 0.200, 16: 0.800}
+    for seed in range(4):
+        _, ctl = simulate(AdaptiveBudget(max_budget=16, cost_prior=prior), cost, draft=0.004, p=1.0, tokens=400,
+                          seed=seed)
+        assert ctl.plain_at, "plain decoding was never measured"
+        assert ctl.choose() == 1, (seed, ctl.choose(), ctl.rate(1), ctl.rate(2))
