@@ -13,7 +13,8 @@ best B-1 over the union of depths gives the exact top B-1. Ties are exact too: s
 made unique by their place in the order (no float tie is left to topk). A reference summing in float64 agrees whenever
 the sums are exact (e.g. log-probs on a 2^-10 grid). Candidates with log-prob -inf never become nodes. With per-depth
 marginals a level only looks at candidates (m, r) (parent place m, rank r, from 0) with (m+1)(r+1) <= kept, since
-(m+1)(r+1)-1 candidates come before such a candidate.
+(m+1)(r+1)-1 candidates come before such a candidate, and that also fit in the tree with the parents 0..m and the
+fewest ancestors those parents can have (see _pruned; about a quarter fewer candidates at B=256).
 
 Output nodes are ordered best-first (the order above), so parents come before children and the first b nodes of a
 budget-B tree are the budget-b tree (what `budget.AdaptiveBudget` relies on).
@@ -201,8 +202,9 @@ def _plan(budget: int, depth: int, width: int, device: str) -> _Plan:
         keep = min(_depth_bound(budget - 1, d, width), k_prev * width)
         if keep <= 0:
             break
-        m_idx, r_idx = _pruned(k_prev, width, keep, device)
+        m_idx, r_idx = _pruned(k_prev, width, keep, device, budget - 1, d)
         n = m_idx.shape[0]
+        keep = min(keep, n)  # every depth-d node of the tree is a candidate, so it has at most n of them
         levels.append(_Level(start, start + n, keep, _bits(k_prev * width), m_idx, m_idx * width + r_idx))
         rank_flat.append((d - 1) * width + r_idx)
         parent_u.append(m_idx + off_prev if d > 1 else torch.full_like(m_idx, -1))
@@ -216,14 +218,20 @@ def _plan(budget: int, depth: int, width: int, device: str) -> _Plan:
                  _bits(max(off, 1)))
 
 
-def _pruned(k_prev: int, width: int, keep: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Static candidate list of one level: (parent position m, rank r) with (m + 1) * (r + 1) <= keep.
+def _pruned(k_prev: int, width: int, keep: int, device: str, nodes: int = 0, depth: int = 1
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Static candidate list of one level: (parent position m, rank r) that can be in the tree.
 
     With per-depth marginals (every parent shares the candidate row), the candidate (m, r) comes after every
-    (m' <= m, r' <= r) in the tie order, so it can only be among the level's `keep` best when (m + 1) * (r + 1) <= keep.
-    Conditioned trees pass keep = k_prev * width (no pruning). Returns parent positions and ranks, each [n] long.
+    (m' <= m, r' <= r) at its depth, after the parents 0..m and after their ancestors (at least ceil((m+1) / W^(j-1))
+    nodes at depth d-j). So it is among the level's `keep` best only when (m + 1) * (r + 1) <= keep, and among the
+    tree's `nodes` non-root nodes only when (m + 1) * (r + 1) + sum_j ceil((m+1) / W^(j-1)) <= nodes (nodes = 0: no
+    such bound). Conditioned trees pass keep = k_prev * width (no pruning). Returns parent positions and ranks, [n].
     """
-    pairs = [(m, r) for m in range(k_prev) for r in range(width) if (m + 1) * (r + 1) <= keep]
+    def before(m: int) -> int:  # the parents 0..m and the fewest ancestors they can have
+        return sum(-(-(m + 1) // width ** (j - 1)) for j in range(1, depth))
+    pairs = [(m, r) for m in range(k_prev) for r in range(width)
+             if (m + 1) * (r + 1) <= keep and (not nodes or (m + 1) * (r + 1) + before(m) <= nodes)]
     m, r = zip(*pairs)
     return torch.tensor(m, device=device), torch.tensor(r, device=device)
 
