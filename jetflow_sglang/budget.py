@@ -6,7 +6,8 @@ The best budget maximises tokens per second: batch * tau(b) / (t_draft(b) + t_ve
   tau(1) = 1 exactly (budget 1 is a root-only tree: plain decoding, no head forward); budget 0 (allow_zero, SGLang)
   is plain decoding without any verify tree, also tau = 1.
 - t_verify(n) starts from a cost prior (measured verify forwards at a few sizes, `measure_cost_prior`, or a given
-  {tokens: seconds} dict) and is replaced by the measured cost per bucket of verified tokens as rounds come in.
+  {tokens: seconds} dict) and is replaced by the measured cost per bucket of verified tokens as rounds come in
+  (an exponential mean in which one slow round counts as at most SPIKE times the estimate: see _smooth).
 - The first budget is the prior's best, never above 16 and never the largest. Larger budgets are explored only when
   their optimistic rate (an upper confidence bound on tau, extrapolated with diminishing returns from the largest
   observed budget) beats the current best by the hysteresis margin, so exploration stops once it is ruled out
@@ -42,6 +43,8 @@ EXPLORE_FRAC = 0.03  # exploration may cost at most this share of the time (regr
 UCB_C = 1.0  # width of the confidence bound on tau, in standard deviations at log(rounds) = 1
 NEUTRAL_PRIOR = {1: 1.0, 64: 2.0, 256: 5.0}  # relative verify cost when nothing is measured
 PROBE_EVERY = 64  # rounds after which the plain step's measured cost counts as stale and is measured again
+EMA = 0.2  # weight of a new round in a measured cost
+SPIKE = 1.25  # a round counts as at most this many times the current estimate (see _smooth)
 
 
 def _bucket(n_tokens: int) -> int:
@@ -282,12 +285,18 @@ class AdaptiveBudget:
             self.plain_at[_bucket(batch)] = self.t
         if verify_s > 0:
             table, key = (self.plain_s, _bucket(batch)) if budget == 0 else (self.verify_s, _bucket(batch * budget))
-            old = table.get(key)
-            table[key] = verify_s if old is None else 0.8 * old + 0.2 * verify_s
+            _smooth(table, key, verify_s)
         if budget >= 1 and draft_s >= 0:
-            rung = self._rung(budget)
-            old = self.draft_s.get(rung)
-            self.draft_s[rung] = draft_s if old is None else 0.8 * old + 0.2 * draft_s
+            _smooth(self.draft_s, self._rung(budget), draft_s)
+
+
+def _smooth(table: dict, key: int, seconds: float) -> None:
+    """An exponential mean of measured seconds that a burst of load elsewhere cannot throw: a round counts as at most
+    SPIKE times the current estimate. One slow round (another process on a shared CPU, a GC pause) then moves the
+    estimate by at most 5%, where it could make the best budget look 40% dearer and be abandoned, its inflated cost
+    never measured again while another budget runs. A real rise is still learnt, 5% a round; falls count in full."""
+    old = table.get(key)
+    table[key] = seconds if old is None else (1 - EMA) * old + EMA * min(seconds, SPIKE * old)
 
 
 def _ids(path) -> list[int]:

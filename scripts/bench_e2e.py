@@ -4,7 +4,10 @@
     python scripts/bench_e2e.py --sets gsm8k --limit 1 --max-new-tokens 16     # a smoke run
 
 Everything runs in one process on one loaded model, interleaved per prompt (the method order rotates from prompt to
-prompt, so drifting machine load hits every method alike), after one untimed warm-up run of each method:
+prompt, so drifting machine load hits every method alike), after one untimed warm-up run of each method. With
+--repeats N every prompt runs every method N times (the order rotating again each time) and each (prompt, method)
+keeps its fastest run: another process on a shared machine only ever adds time, so the minimum is the least noisy
+estimate, and every method gets the same treatment (all N times are kept in the JSON):
   hf-ar                HF `generate`, greedy (the reference speed)
   hf-prompt-lookup     HF `generate` with prompt_lookup_num_tokens=10
   ar                   this project's plain decoding (engine.autoregressive)
@@ -157,7 +160,8 @@ def markdown(meta: dict, summary: dict, builder: dict | None, auto_hist: dict) -
              f"- command: `{meta['command']}`", f"- machine: {meta['machine']}",
              f"- date: {meta['date']}; dtype {meta['dtype']}; {meta['max_new_tokens']} new tokens; "
              f"{meta['prompts_per_set']} prompts per set; width {meta['width']}; one process, interleaved per prompt, "
-             "one untimed warm-up per method",
+             "one untimed warm-up per method" + (f"; {meta['repeats']} runs of every method per prompt, the fastest "
+             "counting" if meta.get("repeats", 1) > 1 else ""),
              "- speedup = total tokens / total seconds of the method over the same of the baseline, per set\n"]
     for ds, cell in summary.items():
         lines += [f"## {ds}\n", "| method | tok/s | vs HF AR | vs HF prompt lookup | vs own AR | tau | draft share | "
@@ -236,6 +240,7 @@ def parse_args(argv=None):
     ap.add_argument("--target", default=None, help="HF model folder (default: SmolLM2-135M-Instruct)")
     ap.add_argument("--dtype", default="auto", help="auto: bfloat16 where the hardware runs it natively, else float32")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=1, help="runs of every method per prompt; the fastest counts")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--tag", default="", help="write e2e_<tag>.* instead of e2e.*")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
@@ -247,8 +252,8 @@ def parse_args(argv=None):
     bad = [s for s in a.sets.split(",") if s not in SETS]
     if bad:
         ap.error(f"unknown set(s) {bad}; choose from {list(SETS)}")
-    if a.limit < 1 or a.max_new_tokens < 1:
-        ap.error("--limit and --max-new-tokens must be >= 1")
+    if a.limit < 1 or a.max_new_tokens < 1 or a.repeats < 1:
+        ap.error("--limit, --max-new-tokens and --repeats must be >= 1")
     return a
 
 
@@ -267,27 +272,35 @@ def main(argv=None) -> int:
     for m in tqdm(methods, desc="warm-up"):  # one-time costs (allocations, auto's cost prior) stay out of the timing
         run_method(m, target, drafters, prompts[0][1], 8)
     records = []
-    bar = tqdm(total=len(prompts) * len(methods), desc="end to end")
+    bar = tqdm(total=len(prompts) * len(methods) * a.repeats, desc="end to end")
     for k, (ds, prompt) in enumerate(prompts):
-        order = methods[k % len(methods):] + methods[:k % len(methods)]  # rotate: no method always runs first
-        got = {}
-        for m in order:
-            bar.set_postfix_str(f"{ds} #{k} {m[0]}")
-            got[m[0]] = run_method(m, target, drafters, prompt, a.max_new_tokens)
-            bar.update()
+        got, times, agree = {}, collections.defaultdict(list), {}
+        for rep in range(a.repeats):
+            turn = (k * a.repeats + rep) % len(methods)
+            for m in methods[turn:] + methods[:turn]:  # rotate: no method always runs first
+                bar.set_postfix_str(f"{ds} #{k} {m[0]}" + (f" ({rep + 1}/{a.repeats})" if a.repeats > 1 else ""))
+                r = run_method(m, target, drafters, prompt, a.max_new_tokens)
+                times[m[0]].append(r["seconds"])
+                agree[m[0]] = agree.get(m[0], True) and (m[0] not in got or r["tokens"] == got[m[0]]["tokens"])
+                if m[0] not in got or r["seconds"] < got[m[0]]["seconds"]:
+                    got[m[0]] = r  # the fastest run counts (greedy: every run emits the same tokens)
+                bar.update()
+        for name, secs in times.items():
+            got[name]["seconds_all"] = secs
+            got[name]["repeats_agree"] = agree[name]  # every run emitted the same tokens
         hf_ref, ar_ref = got.get("hf-ar", {}).get("tokens"), got.get("ar", {}).get("tokens")
         for m in methods:
             r = got[m[0]]
             records.append({"dataset": ds, "prompt": k, "method": m[0], **r,
-                            "identical_to_hf": hf_ref is not None and r["tokens"] == hf_ref,
-                            "identical_to_ar": ar_ref is not None and r["tokens"] == ar_ref})
+                            "identical_to_hf": hf_ref is not None and r["tokens"] == hf_ref and r["repeats_agree"],
+                            "identical_to_ar": ar_ref is not None and r["tokens"] == ar_ref and r["repeats_agree"]})
     bar.close()
     summary = summarize(records, sets)
     builder = time_builder()
     auto_hist = collections.Counter(b for r in records if r["method"] == "jetflow auto" for b in r["budgets"])
     meta = {"command": "python " + " ".join(shlex.quote(x) for x in [sys.argv[0]] + (argv if argv is not None else sys.argv[1:])),
             "machine": machine_info(target), "date": time.strftime("%Y-%m-%d %H:%M"), "dtype": str(target.dtype).removeprefix("torch."),
-            "max_new_tokens": a.max_new_tokens, "prompts_per_set": a.limit, "width": a.width,
+            "max_new_tokens": a.max_new_tokens, "prompts_per_set": a.limit, "width": a.width, "repeats": a.repeats,
             "target": str(target.config.architectures), "head": a.head or "default",
             "head_provenance": getattr(head.config, "extra", None), "methods": [m[0] for m in methods],
             "auto_cost_prior_s": prior}
