@@ -21,6 +21,9 @@ The best budget maximises tokens per second: batch * tau(b) / (t_draft(b) + t_ve
   ledger; a measured cost prior stands in for the first PROBE_EVERY rounds). A prior that is wrong in shape (the
   neutral one: a server without JETFLOW_COST_PRIOR) would otherwise make plain decoding look as expensive as the
   trees it was scaled to, and speculation would never stop.
+- Likewise the next smaller tree: its tau is known from the paired gains, but while a larger tree runs, its cost comes
+  only from the prior rescaled to the larger tree's. One round at it is run (under the ledger) whenever its bucket has
+  no measurement younger than PROBE_EVERY rounds, so a prior wrong in shape cannot keep auto on too large a tree.
 """
 from __future__ import annotations
 
@@ -115,6 +118,7 @@ class AdaptiveBudget:
         self.verify_s: dict[int, float] = {}  # bucket of verified tokens -> decayed mean seconds (trees)
         self.plain_s: dict[int, float] = {}  # bucket of batch -> seconds of a plain decode step (budget 0)
         self.plain_at: dict[int, int] = {}  # bucket of batch -> round of the lowest rung's last measurement
+        self.verify_at: dict[int, int] = {}  # bucket of verified tokens -> round of its last tree measurement
         self.draft_s: dict[int, float] = {}  # rung -> decayed mean seconds of a drafting round
         self.t = 0  # rounds observed
         self.current: int | None = None
@@ -216,6 +220,11 @@ class AdaptiveBudget:
             self.explored += 1  # measure the plain step instead of trusting its extrapolated cost
             self._pending = (low, self.rate(best, batch))
             return low
+        below = self._prev_rung(best)
+        if below is not None and below >= 2 and self._tree_stale(below, batch) and self._can_afford(below, best, batch):
+            self.explored += 1  # the next smaller tree's tau is known (paired gains), its cost only from the prior
+            self._pending = (below, self.rate(best, batch))
+            return below
         bar = (1 + self.hysteresis) * self.rate(best, batch)
         top = self._largest_observed()
         # only larger trees teach something new; never more than one doubling past what has been seen (before any
@@ -241,6 +250,13 @@ class AdaptiveBudget:
         if seen is None:
             return not self.prior_measured or self.t >= PROBE_EVERY
         return self.t - seen >= PROBE_EVERY
+
+    def _tree_stale(self, b: int, batch: int) -> bool:
+        seen = self.verify_at.get(_bucket(batch * b))
+        return seen is None or self.t - seen >= PROBE_EVERY
+
+    def _prev_rung(self, b: int) -> int | None:
+        return max([r for r in self.ladder if r < b], default=None)
 
     def _next_rung(self, b: int) -> int | None:
         return min([r for r in self.ladder if r > b], default=None)
@@ -286,6 +302,8 @@ class AdaptiveBudget:
         if verify_s > 0:
             table, key = (self.plain_s, _bucket(batch)) if budget == 0 else (self.verify_s, _bucket(batch * budget))
             _smooth(table, key, verify_s)
+            if budget >= 1:
+                self.verify_at[key] = self.t
         if budget >= 1 and draft_s >= 0:
             _smooth(self.draft_s, self._rung(budget), draft_s)
 

@@ -269,3 +269,19 @@ def test_one_slow_round_does_not_throw_the_best_budget():
         spiked, ctl = run(True, seed)
         assert spiked <= 1.03 * calm, (seed, spiked / calm)
         assert ctl.choose() == 4, (seed, ctl.choose())
+
+
+@pytest.mark.parametrize("p", [0.55, 0.65])
+def test_a_smaller_tree_is_measured_not_priced_from_the_prior(p):
+    """A measured prior taken on a busy machine makes budget 16 look nearly as cheap as budget 4 (0.155 s against
+    0.135 s; really 0.200 s against 0.135 s), so auto starts at 16. Budget 4's tau is known from the paired gains, but
+    its cost came only from the prior rescaled to 16's: auto must measure the smaller tree, and end within 8% of the
+    best fixed budget (4) instead of staying on 16 (10-12% slower before it did)."""
+    real = {1: 0.100, 4: 0.135, 16: 0.200, 64: 0.350}
+    prior = {1: 0.087, 4: 0.135, 16: 0.155, 64: 0.250}
+    cost = lambda n: interp_cost(real, n)  # noqa: E731
+    fixed = {b: total(lambda: b, cost, 0.012, p) for b in (1, 2, 4, 8, 16)}
+    auto = total(lambda: AdaptiveBudget(max_budget=256, cost_prior=prior), cost, 0.012, p)
+    assert auto <= 1.08 * min(fixed.values()), (auto / min(fixed.values()), fixed)
+    _, ctl = simulate(AdaptiveBudget(max_budget=256, cost_prior=prior), cost, 0.012, p)
+    assert 4 in ctl.verify_s, sorted(ctl.verify_s)

@@ -225,22 +225,24 @@ def test_head_kind_must_fit_the_drafter(tmp_path):
 
 
 def test_repo_id_resolves_through_the_hub_cache(tmp_path, monkeypatch):
-    """`--head z-lab/...` / --speculative-draft-model-path with a repo id: the hub's local snapshot is read."""
+    """`--head z-lab/...` / --speculative-draft-model-path with a repo id: the hub's local snapshot is read, and
+    nothing is downloaded (local_files_only, whatever HF_HUB_OFFLINE says)."""
     import huggingface_hub
 
     target = tiny_model("qwen3")
     out, _, _ = write_release(tmp_path / "snapshot", target.config, causal=False)
     asked = []
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo, **kw: asked.append(repo) or str(out))
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo, **kw: asked.append((repo, kw.get("local_files_only")))
+                        or str(out))
     head = load_head("z-lab/Tiny-DFlash-b8", target)
-    assert asked == ["z-lab/Tiny-DFlash-b8"] and head.config.causal is False
+    assert asked == [("z-lab/Tiny-DFlash-b8", True)] and head.config.causal is False
 
     def offline(repo, **kw):
         raise OSError("Cannot find an appropriate cached snapshot folder\nfor the specified revision")
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
     with pytest.raises(CheckpointError) as e:
         load_head("z-lab/Missing-DFlash", target)
-    assert "z-lab/Missing-DFlash is not a local folder" in _one_line(e)
+    assert "z-lab/Missing-DFlash is not a local folder and is not in the local Hugging Face hub cache" in _one_line(e)
 
 
 def test_release_head_through_the_server_target_view(tmp_path):
