@@ -217,14 +217,10 @@ class AdaptiveBudget:
             best = cur  # hysteresis: stay unless another budget is clearly better; plain decoding wins every tie
         self.current = best
         if best != low and self._plain_stale(batch) and self._can_afford(low, best, batch):
-            self.explored += 1  # measure the plain step instead of trusting its extrapolated cost
-            self._pending = (low, self.rate(best, batch))
-            return low
-        below = self._prev_rung(best)
+            return self._explore(low, best, batch)  # measure the plain step instead of trusting its extrapolated cost
+        below = self._prev_rung(best)  # its tau is known (paired gains), its cost only from the prior
         if below is not None and below >= 2 and self._tree_stale(below, batch) and self._can_afford(below, best, batch):
-            self.explored += 1  # the next smaller tree's tau is known (paired gains), its cost only from the prior
-            self._pending = (below, self.rate(best, batch))
-            return below
+            return self._explore(below, best, batch)
         bar = (1 + self.hysteresis) * self.rate(best, batch)
         top = self._largest_observed()
         # only larger trees teach something new; never more than one doubling past what has been seen (before any
@@ -234,10 +230,14 @@ class AdaptiveBudget:
         if bigger:
             cand = max(bigger, key=lambda b: self.rate(b, batch, optimistic=True))
             if self.rate(cand, batch, optimistic=True) > bar and self._can_afford(cand, best, batch):
-                self.explored += 1
-                self._pending = (cand, self.rate(best, batch))
-                return cand
+                return self._explore(cand, best, batch)
         return best
+
+    def _explore(self, cand: int, best: int, batch: int) -> int:
+        """Run one round at cand instead of best; observe() books what it cost against best (the regret ledger)."""
+        self.explored += 1
+        self._pending = (cand, self.rate(best, batch))
+        return cand
 
     def _can_afford(self, cand: int, best: int, batch: int) -> bool:
         """Exploration may lose at most EXPLORE_FRAC of the time so far (plus one round) against the best budget."""
@@ -245,15 +245,15 @@ class AdaptiveBudget:
         allowance = EXPLORE_FRAC * self.elapsed + self.round_cost(best, batch)
         return self.regret + max(0.0, worst) <= allowance
 
-    def _plain_stale(self, batch: int) -> bool:
-        seen = self.plain_at.get(_bucket(batch))
-        if seen is None:
-            return not self.prior_measured or self.t >= PROBE_EVERY
-        return self.t - seen >= PROBE_EVERY
+    def _stale(self, seen: int | None, unseen: bool) -> bool:
+        """A measurement taken at round `seen` is older than PROBE_EVERY rounds; `unseen` when there is none."""
+        return unseen if seen is None else self.t - seen >= PROBE_EVERY
+
+    def _plain_stale(self, batch: int) -> bool:  # a measured prior stands in for the first PROBE_EVERY rounds
+        return self._stale(self.plain_at.get(_bucket(batch)), not self.prior_measured or self.t >= PROBE_EVERY)
 
     def _tree_stale(self, b: int, batch: int) -> bool:
-        seen = self.verify_at.get(_bucket(batch * b))
-        return seen is None or self.t - seen >= PROBE_EVERY
+        return self._stale(self.verify_at.get(_bucket(batch * b)), True)
 
     def _prev_rung(self, b: int) -> int | None:
         return max([r for r in self.ladder if r < b], default=None)

@@ -14,7 +14,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 import gradio as gr
 import torch
 
