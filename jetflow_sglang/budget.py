@@ -350,7 +350,8 @@ def profile_key(target) -> str:
         "dtype": str(target.dtype), "device": str(dev),
         "accel": torch.cuda.get_device_name(dev) if dev.type == "cuda" else _cpu_model(),
         "threads": torch.get_num_threads(), "torch": torch.__version__,
-        "gemm": "rowgemm" if rowgemm.enabled(target.model) else "stock",  # the verify kernels change its cost
+        # the verify kernels change its cost (rowgemm only takes float32 products)
+        "gemm": "rowgemm-fp32" if rowgemm.enabled(target.model) and target.dtype == torch.float32 else "stock",
     }
     return json.dumps(fields, sort_keys=True)
 

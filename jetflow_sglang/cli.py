@@ -105,7 +105,8 @@ def cmd_generate(a) -> int:
     check_sampling(a.temperature, a.top_k, a.top_p)
     if a.threads:
         torch.set_num_threads(a.threads)
-    target, drafter = load_stack(a.target, a.head, a.dtype, a.drafter, a.width, a.device, tree=a.tree, depth=a.depth)
+    target, drafter = load_stack(a.target, a.head, a.dtype, a.drafter, a.width, a.device, tree=a.tree, depth=a.depth,
+                                 lookup=a.lookup)
     ids = target.encode_chat(a.prompt) if not a.raw else target.tokenizer.encode(a.prompt)
     target.check_prompt(ids)
     eos = target.eos_ids()
@@ -137,8 +138,9 @@ def cmd_generate(a) -> int:
 
         div = first_divergence(target, list(ids), res.tokens, ar.tokens)
     summary = {
-        "text": text, "tokens": res.tokens, "drafter": drafter.name, "budget": a.budget, "dtype": str(target.dtype).removeprefix("torch."),
-        "tree": a.tree, "depth": getattr(drafter, "depth", None),
+        "text": text, "tokens": res.tokens, "drafter": getattr(drafter, "base", drafter).name, "budget": a.budget, "dtype": str(target.dtype).removeprefix("torch."),
+        "tree": a.tree, "depth": getattr(getattr(drafter, "base", drafter), "depth", None),
+        "lookup": hasattr(drafter, "lookup"),
         "temperature": a.temperature, "new_tokens": len(res.tokens), "verify_steps": res.steps,
         "tau": round(res.tau, 4), "tokens_per_s": round(res.tokens_per_s, 3),
         "mean_budget": round(sum(len(r.tree) for r in res.rounds if r.tree) / max(1, res.steps), 2),
@@ -184,6 +186,9 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--depth", type=positive_int, default=None, help="maximum tree depth (default: the head's block size - 1)")
     g.add_argument("--tree", choices=TREES, default="exact",
                    help="exact: the best tree by cumulative draft log-prob; paper: the JetSpec paper's heap builder")
+    g.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=True,
+                   help="head drafters also draft prompt-lookup continuations (repeats of the context) into each greedy "
+                        "tree, competing for the same budget (default: on; --no-lookup: the head's tree alone)")
     g.add_argument("--temperature", type=finite_float, default=0.0)
     g.add_argument("--top-k", type=nonneg_int, default=0)
     g.add_argument("--top-p", type=finite_float, default=1.0)

@@ -1,4 +1,4 @@
-"""The JETFLOW server configuration: one typed object, resolved once from SGLang's own flags plus three variables.
+"""The JETFLOW server configuration: one typed object, resolved once from SGLang's own flags plus five variables.
 
 SGLang flags (preferred; they exist for every speculative algorithm):
     --speculative-num-draft-tokens N   budget: draft-tree nodes per request and round, root included (default 8).
@@ -16,6 +16,10 @@ Environment (only what SGLang has no flag for; read once, never written):
                                    N: a fixed budget, the same as --speculative-num-draft-tokens N
                                    (giving both with different values is an error)
     JETFLOW_TREE      exact           how the tree is built from the head's per-depth top-k (paper: CLI only)
+    JETFLOW_LOOKUP    auto | on | off   merge prompt-lookup continuations (repeats of the request's own context) into
+                      each head tree, competing for the same budget (drafters.WithLookup). The n-gram match and the
+                      merge run on the host, per request: auto (default) turns it on where the server runs on the
+                      CPU, where that costs well under 1% of a step, and off on a GPU, where it has not been measured
     JETFLOW_COST_PRIOR  JSON {verified tokens: seconds}, e.g. '{"1": 0.01, "8": 0.02}': the verify-cost prior of
                       JETFLOW_BUDGET=auto (only valid with it; default: the adaptive budget's own prior)
 
@@ -38,7 +42,8 @@ CLI_ONLY_DRAFTERS = ("jetflow-branch",)  # the server refuses these with one lin
 DEFAULT_BUDGET = 8
 DEFAULT_WIDTH = 8
 MAX_BUDGET = 1024  # one verify forward of bs x budget tokens; larger is surely a typo
-ENV_VARS = ("JETFLOW_DRAFTER", "JETFLOW_BUDGET", "JETFLOW_TREE", "JETFLOW_COST_PRIOR")
+ENV_VARS = ("JETFLOW_DRAFTER", "JETFLOW_BUDGET", "JETFLOW_TREE", "JETFLOW_COST_PRIOR", "JETFLOW_LOOKUP")
+LOOKUP_MODES = {"auto": None, "on": True, "1": True, "true": True, "off": False, "0": False, "false": False}
 RETIRED_ENV = {  # read by earlier versions; failing beats silently ignoring them
     "JETFLOW_WIDTH": "--speculative-eagle-topk",
     "JETFLOW_DEPTH": "--speculative-num-steps",
@@ -61,6 +66,7 @@ class JetFlowServerConfig:
     tree: str  # "exact" | "paper"
     head_dir: str | None = None
     cost_prior: dict | None = None  # {verified tokens: seconds} for AdaptiveBudget(cost_prior=...)
+    lookup: bool = False  # JETFLOW_LOOKUP: prompt-lookup tries merged into the head's trees (host side)
 
     @property
     def needs_head(self) -> bool:
@@ -100,13 +106,15 @@ class JetFlowServerConfig:
         width = _flag_int("width", raw.get("speculative_eagle_topk"), DEFAULT_WIDTH)
         depth = _flag_int("depth", raw.get("speculative_num_steps"), None)
         cost_prior = _cost_prior(env.get("JETFLOW_COST_PRIOR"), adaptive)
+        lookup = _lookup(env.get("JETFLOW_LOOKUP"), drafter, raw.get("device"))
         return cls(drafter=drafter, budget=budget, adaptive=adaptive, width=width, depth=depth, tree=tree,
-                   head_dir=head_dir, cost_prior=cost_prior)
+                   head_dir=head_dir, cost_prior=cost_prior, lookup=lookup)
 
     def describe(self) -> str:
         mode = "auto, up to" if self.adaptive else "fixed"
         return (f"drafter={self.drafter} budget={mode} {self.budget} width={self.width} "
-                f"depth={self.depth if self.depth is not None else 'head'} tree={self.tree}")
+                f"depth={self.depth if self.depth is not None else 'head'} tree={self.tree} "
+                f"lookup={'on' if self.lookup else 'off'}")
 
 
 def _raw_fields(server_args) -> dict:
@@ -114,7 +122,7 @@ def _raw_fields(server_args) -> dict:
     (`_raw_input` is the snapshot taken when resolution starts); on a resolving view or a plain namespace they are
     read as attributes."""
     names = ("speculative_num_draft_tokens", "speculative_eagle_topk", "speculative_num_steps",
-             "speculative_draft_model_path")
+             "speculative_draft_model_path", "device")
     snap = getattr(server_args, "_raw_input", None)
     if isinstance(snap, dict):
         return {n: snap.get(n) for n in names}
@@ -151,6 +159,19 @@ def _drafter(requested: str | None, head_dir: str | None) -> str:
         raise JetFlowConfigError(f"JETFLOW_DRAFTER={requested} does not fit the {kind} head at {head_dir}; "
                                  f"use JETFLOW_DRAFTER={' or '.join(fits)}")
     return requested
+
+
+def _lookup(value, drafter: str, device) -> bool:
+    mode = (value or "auto").strip().lower()
+    if mode not in LOOKUP_MODES:
+        raise JetFlowConfigError(f"JETFLOW_LOOKUP must be auto, on or off; got {value!r}")
+    wanted = LOOKUP_MODES[mode]
+    if drafter not in HEAD_DRAFTERS:
+        if wanted:
+            raise JetFlowConfigError(f"JETFLOW_LOOKUP=on merges prompt lookup into a head's trees, but the drafter is "
+                                     f"{drafter} (no head; JETFLOW_DRAFTER=ngram is prompt lookup alone)")
+        return False
+    return (str(device or "").strip().lower() == "cpu") if wanted is None else wanted
 
 
 def _cost_prior(value, adaptive: bool) -> dict | None:

@@ -19,7 +19,7 @@ import torch
 from . import rowgemm
 from .context_kv import ContextKV
 from .head import MASK, JetFlowHead
-from .tree import DraftTree, best_first, check_budget, per_depth
+from .tree import DraftTree, best_first, check_budget, merge, per_depth
 from .tree_batch import TreeBatch, build_topb, build_topb_conditioned, root_only
 
 TREES = ("exact", "paper")
@@ -326,6 +326,40 @@ class HeadDrafter:
         return q
 
 
+class WithLookup:
+    """A head drafter whose greedy trees also hold prompt-lookup continuations.
+
+    Each round the head's top-B tree and the n-gram trie (NgramDrafter: the continuations of earlier occurrences of
+    the context's last n tokens, scored -1/n per token) compete for the same B nodes on one score, merged by token
+    path (tree.merge): text that repeats its context (numbers in a word problem, identifiers in code) is drafted
+    deep even where the head is unsure, and the head's tree fills the rest. At temperature > 0 the head's sampled
+    tree is used alone (its children are draws from q; deterministic lookup siblings would need their own
+    rejection rule), so sampling stays exactly as lossless as the head drafter's."""
+    needs_taps = True
+
+    def __init__(self, base: HeadDrafter, lookup: NgramDrafter | None = None):
+        self.base, self.lookup = base, lookup or NgramDrafter()
+        self.name = f"{base.name}+lookup"
+
+    def new_state(self, prompt_ids, taps=None) -> State:
+        return self.base.new_state(prompt_ids, taps)
+
+    def advance(self, state: State, tokens, taps=None) -> None:
+        self.base.advance(state, tokens, taps)
+
+    def draft(self, state: State, anchor: int, budget: int, temperature: float = 0.0, generator=None) -> DraftTree:
+        tree = self.base.draft(state, anchor, budget, temperature, generator)
+        if temperature > 0 or budget == 1:
+            return tree
+        return merge([tree, self.lookup.draft(state, anchor, budget)], budget)
+
+    def merge_batch(self, tb: TreeBatch, histories, budget: int) -> TreeBatch:
+        """Merge the head's batch of trees with each request's lookup trie (histories[i]: its committed tokens)."""
+        trees = [merge([t, self.lookup.draft(State(tokens=list(h)), t.tokens[0], budget)], budget)
+                 for t, h in zip(tb.trees(), histories)]
+        return TreeBatch.from_trees(trees, budget, tb.tokens.device)
+
+
 def _chain_batch(anchors, tokens, logps, budget: int) -> TreeBatch:
     """Linear chains [anchor, argmax at depth 1, 2, ...] of min(budget, depth + 1) nodes, as a TreeBatch."""
     b, depth = tokens.shape
@@ -381,13 +415,14 @@ DRAFTERS = ("jetflow", "jetflow-branch", "ddtree", "dflash", "ngram", "ar")
 
 
 def make_drafter(name: str, head: JetFlowHead | None = None, bidir_head: JetFlowHead | None = None, width: int = 8,
-                 tree: str = "exact", depth: int | None = None) -> Drafter:
+                 tree: str = "exact", depth: int | None = None, lookup: bool = False) -> Drafter:
     """jetflow: causal head + top-B tree; jetflow-branch: causal head, branch-conditioned; ddtree: bidirectional
     head + top-B tree; dflash: bidirectional head, linear chain; ngram: prompt lookup; ar: no drafting.
-    tree: 'exact' (default: the exact top-B builder) or 'paper' (the paper's eager form); depth: deepest level."""
+    tree: 'exact' (default: the exact top-B builder) or 'paper' (the paper's eager form); depth: deepest level;
+    lookup: merge prompt-lookup continuations into a head drafter's greedy trees (WithLookup)."""
     if tree not in TREES:
         raise ValueError(f"tree must be one of {', '.join(TREES)}; got {tree!r}")
-    if name == "ar":
+    if name == "ar":  # no head: nothing to merge a lookup trie into (ngram is prompt lookup itself)
         return ARDrafter()
     if name == "ngram":
         return NgramDrafter()
@@ -397,4 +432,5 @@ def make_drafter(name: str, head: JetFlowHead | None = None, bidir_head: JetFlow
     if h is None:
         raise ValueError(f"drafter {name!r} needs a draft head")
     mode = {"jetflow": "tree", "jetflow-branch": "branch", "ddtree": "tree", "dflash": "chain"}[name]
-    return HeadDrafter(h, mode=mode, width=width, tree=tree, name=name, depth=depth)
+    drafter = HeadDrafter(h, mode=mode, width=width, tree=tree, name=name, depth=depth)
+    return WithLookup(drafter) if lookup else drafter

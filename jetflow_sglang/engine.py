@@ -12,6 +12,7 @@ from .batch_target import BatchTarget
 from .budget import auto_budget, parse_budget
 from .target import Target
 from .context_kv import ContextKV
+from .drafters import WithLookup
 from .tree import DraftTree
 from .tree_batch import TreeBatch
 from .verify import check_sampling, greedy_accept, greedy_accept_batch, process_logits, sample_accept
@@ -149,6 +150,7 @@ def generate_batch(target: Target, drafter, prompts, max_new_tokens: int = 128, 
     bt = BatchTarget(target)
     last, taps = bt.prefill(prompts)
     anchors = last.argmax(-1).tolist()
+    lookup, drafter = (drafter, drafter.base) if isinstance(drafter, WithLookup) else (None, drafter)
     batched = hasattr(drafter, "draft_batch")
     if batched:
         ctx = ContextKV(_padded_kv(drafter, taps), [len(p) for p in prompts])
@@ -167,6 +169,8 @@ def generate_batch(target: Target, drafter, prompts, max_new_tokens: int = 128, 
         else:
             tb = TreeBatch.from_trees([drafter.draft(states[i], anchors[i], size) for i in active], size,
                                       target.device)
+        if lookup is not None:  # the lookup tries need each request's committed tokens: merged on the host
+            tb = lookup.merge_batch(tb, [prompts[i] + results[i].tokens[:-1] for i in active], size)
         t1 = time.perf_counter()
         logits, new_taps = bt.verify(tb)
         index, length, bonus = greedy_accept_batch(tb, logits.argmax(-1))

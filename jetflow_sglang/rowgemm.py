@@ -5,6 +5,9 @@ A tree verify multiplies every weight matrix by a handful of rows (the tree's no
 product W @ X^T streams the weights once and costs about as much as one row up to ~32 rows (SmolLM2-135M, float32,
 2 cores of an AVX2 EPYC: all 211 linears of a 16-row forward 145 ms -> 94 ms; one row 66 ms either way;
 `scripts/bench_rowgemm.py`). One row keeps `F.linear`, so plain decoding is bit-for-bit what it was.
+Only float32 takes this path. In bfloat16 on a CPU that computes it natively (AVX512-BF16, AMX), oneDNN's small-row
+kernels are already flat, and W @ X^T was slower: 0.64x at 4 rows, 0.83x at 16 and 0.93x at 32, on a 2-core EPYC
+with AVX512-BF16, where the same product in float32 was 1.71x / 1.22x / 1.13x faster (2026-12-02).
 
     enable(model)    every nn.Linear of the model computes multi-row inputs as W @ X^T (idempotent)
     disable(model)   back to stock nn.Linear.forward (benchmarks time Hugging Face's own paths this way)
@@ -27,7 +30,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     The result is then a transposed view (strides (1, rows)): torch ops take it as it is, but a kernel that assumes
     row-major memory (SGLang's grammar bitmask, C++ CPU ops) needs contiguous=True (one copy of the output)."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if not 1 < rows <= MAX_ROWS or x.device.type != "cpu" or x.dtype != weight.dtype:
+    if not 1 < rows <= MAX_ROWS or x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32:
         return F.linear(x, weight, bias)
     flat = x.reshape(rows, x.shape[-1])
     out = torch.mm(weight, flat.t()) if bias is None else torch.addmm(bias[:, None], weight, flat.t())

@@ -63,9 +63,10 @@ def pick_head(head_dir, drafter: str | None, target_config=None):
 
 
 def load_stack(target_dir=None, head_dir=None, dtype="auto", drafter="jetflow", width=8, device="cpu",
-               tree="exact", depth=None):
+               tree="exact", depth=None, lookup=False):
     """(Target, Drafter) ready to generate. drafter=None picks the head's kind (causal: jetflow; bidirectional:
-    ddtree). Heads are loaded only for drafters that use them."""
+    ddtree). Heads are loaded only for drafters that use them. lookup: head drafters also merge prompt-lookup
+    continuations into their greedy trees (drafters.WithLookup); drafters without a head ignore it."""
     from .target import Target, target_config
 
     check_stack_args(drafter, width, device, tree, depth, dtype)
@@ -84,7 +85,7 @@ def load_stack(target_dir=None, head_dir=None, dtype="auto", drafter="jetflow", 
     if head is not None:
         head = attach_head(head, target)
         target.tap_layers = list(head.config.tap_layers)
-    kw = {"tree": tree, "depth": depth}
+    kw = {"tree": tree, "depth": depth, "lookup": bool(lookup)}
     if drafter in NO_HEAD:
         return target, make_drafter(drafter, width=width, **kw)
     if drafter in BIDIRECTIONAL_DRAFTERS:

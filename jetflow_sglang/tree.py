@@ -137,6 +137,42 @@ def chain(root_token: int, tokens: Sequence[int], logps: Sequence[float] | None 
     return tree
 
 
+def merge(trees: Sequence[DraftTree], budget: int) -> DraftTree:
+    """The best `budget` nodes (root counted) of the union of trees that share a root, as one best-first tree.
+
+    A node is its token path. A path found in several trees takes its best score (each tree's `logps`: a cumulative
+    log-prob, or a drafter's pseudo log-prob), then every score is capped by its parent's, so a parent always ranks
+    before its children. Order: score descending, depth ascending, then first seen (earlier trees win ties). The
+    first b nodes of the result are therefore the best b of the union, and the tree is prefix-closed. Paths with
+    score -inf are dropped. Only greedy (unsampled) trees merge: sampled trees carry their draw distributions.
+    """
+    check_budget(budget)
+    if not trees or len({t.tokens[0] for t in trees}) != 1:
+        raise ValueError("merge needs at least one tree, and every tree must have the same root token")
+    if any(t.child_probs is not None for t in trees):
+        raise ValueError("sampled trees (with child_probs) cannot be merged: their draws would no longer match q")
+    index: dict[tuple[int, int], int] = {}  # (union parent, token) -> union node
+    tok, par, dep, score = [trees[0].tokens[0]], [-1], [0], [0.0]
+    for t in trees:
+        local = [0] * len(t)
+        for v in range(1, len(t)):
+            key = (local[t.parents[v]], t.tokens[v])
+            u = index.get(key)
+            if u is None:
+                u = index[key] = len(tok)
+                tok.append(t.tokens[v]), par.append(key[0]), dep.append(dep[key[0]] + 1), score.append(t.logps[v])
+            else:
+                score[u] = max(score[u], t.logps[v])
+            local[v] = u
+    for u in range(1, len(tok)):  # parents come first, so one pass caps every path
+        score[u] = min(score[u], score[par[u]])
+    order = sorted((u for u in range(1, len(tok)) if score[u] > float("-inf")), key=lambda u: (-score[u], dep[u], u))
+    out, new = DraftTree.root(tok[0]), {0: 0}
+    for u in order[: budget - 1]:
+        new[u] = out.add(tok[u], new[par[u]], score[u])
+    return out
+
+
 def ancestor_mask(parents: Sequence[int]) -> torch.Tensor:
     """Bool [N, N]: row i is True at j when j is an ancestor of i or j == i."""
     n = len(parents)

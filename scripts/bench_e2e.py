@@ -14,6 +14,8 @@ estimate, and every method gets the same treatment (all N times are kept in the 
   jetflow B=4, 8, 16   exact top-B trees        jetflow paper B=16   the paper's eager tree
   jetflow-branch B=16  branch-conditioned       ngram B=16           prompt lookup through the tree engine
   jetflow auto         --budget auto (AdaptiveBudget from a verify-cost prior measured afresh at the start)
+  jetflow+lookup B=4, 8, 16, auto   the same with prompt-lookup tries merged into the trees (`jetflow generate`'s
+                       default, drafters.WithLookup)
 Speedups are total tokens / total seconds per set, against hf-ar, hf-prompt-lookup and ar. Also reported: whether
 each output is identical to HF greedy and to our AR, the draft share of the round at B=16 (Round.draft_s over
 draft_s + verify_s, as the engine times them), the budgets `auto` chose, and the batched tree builder's time
@@ -62,6 +64,10 @@ METHODS = [
     ("jetflow-branch B=16", "spec", "jetflow-branch", "exact", 16),
     ("ngram B=16", "spec", "ngram", "exact", 16),
     ("jetflow auto", "spec", "jetflow", "exact", "auto"),
+    ("jetflow+lookup B=4", "spec", "jetflow+lookup", "exact", 4),
+    ("jetflow+lookup B=8", "spec", "jetflow+lookup", "exact", 8),
+    ("jetflow+lookup B=16", "spec", "jetflow+lookup", "exact", 16),
+    ("jetflow+lookup auto", "spec", "jetflow+lookup", "exact", "auto"),
 ]
 BASELINES = ("hf-ar", "hf-prompt-lookup", "ar")
 
@@ -105,6 +111,15 @@ def run_method(method, target, drafters, prompt: list[int], max_new: int) -> dic
     return {"tokens": res.tokens, "seconds": res.elapsed_s, "tau": res.tau, "steps": res.steps,
             "draft_s": sum(r.draft_s for r in spec), "verify_s": sum(r.verify_s for r in spec),
             "budgets": [len(r.tree) for r in spec]}
+
+
+def bench_drafter(name: str, tree: str, head, width: int):
+    """The drafter of a method: ngram, a head drafter, or a head drafter with prompt lookup ("<name>+lookup")."""
+    if name == "ngram":
+        return make_drafter("ngram")
+    base, lookup = name.removesuffix("+lookup"), name.endswith("+lookup")
+    return make_drafter(base, head, None, width=width, tree=tree, lookup=True) if lookup else \
+        build_drafter(base, head, None, width, tree)
 
 
 def time_builder(batch: int = 8, budget: int = 256, depth: int = 16, width: int = 8, reps: int = 30) -> dict | None:
@@ -181,14 +196,18 @@ def markdown(meta: dict, summary: dict, builder: dict | None, auto_hist: dict) -
     if "jetflow B=16" in all_ and "draft_share" in all_["jetflow B=16"]:
         lines.append(f"- draft share of the round at B=16 (all sets): {100 * all_['jetflow B=16']['draft_share']:.1f}% "
                      "(target: <= 10%)")
-    if "jetflow auto" in all_:
+    for drafter in ("jetflow", "jetflow+lookup"):
+        auto = f"{drafter} auto"
+        if auto not in all_:
+            continue
         for ds, cell in summary.items():  # fixed budgets of the same drafter: B=4, 8, 16, and 1 (= plain decoding)
-            fixed = {m: c["tok_s"] for m, c in cell.items() if m.startswith("jetflow B=") or m == "ar"}
-            if fixed and "jetflow auto" in cell:
+            fixed = {m: c["tok_s"] for m, c in cell.items() if m.startswith(f"{drafter} B=") or m == "ar"}
+            if fixed and auto in cell:
                 best = max(fixed, key=fixed.get)
-                lines.append(f"- {ds}: auto / best fixed budget ({best}) = {cell['jetflow auto']['tok_s'] / fixed[best]:.2f}"
-                             f"; auto / own AR = {cell['jetflow auto'].get('vs_ar', float('nan')):.2f} (targets >= 0.90, >= 1.00)")
-        lines.append("- budgets auto chose (rounds): " + ", ".join(f"{b}: {n}" for b, n in sorted(auto_hist.items())))
+                lines.append(f"- {ds}: {auto} / best fixed budget ({best}) = {cell[auto]['tok_s'] / fixed[best]:.2f}"
+                             f"; {auto} / own AR = {cell[auto].get('vs_ar', float('nan')):.2f} (targets >= 0.90, >= 1.00)")
+        lines.append(f"- budgets {auto} chose (rounds): " + ", ".join(
+            f"{b}: {n}" for b, n in sorted(auto_hist.get(auto, {}).items())))
     lines.append("- batched builder (tree_batch.build_topb), batch 8 at B=256: " + (
         f"{builder['min_ms']:.2f} ms min, {builder['median_ms']:.2f} ms median (target < 2 ms)" if builder
         else "not available (jetflow_sglang.tree_batch missing)"))
@@ -264,8 +283,7 @@ def main(argv=None) -> int:
     sets = a.sets.split(",")
     target, jf = load_stack(a.target, a.head, dtype=a.dtype, drafter="jetflow", width=a.width, device=a.device)
     head = jf.head
-    drafters = {(m[2], m[3]): (make_drafter("ngram") if m[2] == "ngram" else build_drafter(m[2], head, None, a.width, m[3]))
-                for m in methods if m[1] == "spec"}
+    drafters = {(m[2], m[3]): bench_drafter(m[2], m[3], head, a.width) for m in methods if m[1] == "spec"}
     prompts = [(ds, target.encode_chat(p)) for ds in sets for p in load_prompts(ds, a.limit)]
     prior = measure_cost_prior(target, refresh=True) if any(m[4] == "auto" for m in methods) else None
 
@@ -297,7 +315,8 @@ def main(argv=None) -> int:
     bar.close()
     summary = summarize(records, sets)
     builder = time_builder()
-    auto_hist = collections.Counter(b for r in records if r["method"] == "jetflow auto" for b in r["budgets"])
+    auto_hist = {m[0]: collections.Counter(b for r in records if r["method"] == m[0] for b in r["budgets"])
+                 for m in methods if m[4] == "auto"}
     meta = {"command": "python " + " ".join(shlex.quote(x) for x in [sys.argv[0]] + (argv if argv is not None else sys.argv[1:])),
             "machine": machine_info(target), "date": time.strftime("%Y-%m-%d %H:%M"), "dtype": str(target.dtype).removeprefix("torch."),
             "max_new_tokens": a.max_new_tokens, "prompts_per_set": a.limit, "width": a.width, "repeats": a.repeats,

@@ -31,7 +31,8 @@ sys.path.insert(0, str(ROOT / "tests" / "sglang"))
 from sgl_server import Server  # noqa: E402  (the same launcher the e2e tests use)
 
 CONFIGS = ("nospec", "jetflow-b8", "jetflow-b16", "jetflow-auto", "ngram")  # the default run
-EXTRA = ("jetflow-b1",)  # JETFLOW's plain step alone (budget 1: no head forward, a one-node verify)
+EXTRA = ("jetflow-b1",  # JETFLOW's plain step alone (budget 1: no head forward, a one-node verify)
+         "jetflow-auto-nolookup", "jetflow-b8-nolookup", "jetflow-b16-nolookup")  # JETFLOW_LOOKUP=off (the head alone)
 SYSTEM = ("You are a careful assistant for a school. Answer the question that follows. Explain every step of your "
           "reasoning in plain words, check each number twice, keep units consistent, and end with a short summary "
           "sentence that states the final answer. Be polite and concise, avoid jargon, and never invent facts. ")
@@ -63,6 +64,8 @@ def system_prompt(tok, n_tokens: int) -> str:
 def config_args(name: str, head: str | None, drafter: str) -> tuple[list[str], dict]:
     head_args = ["--speculative-draft-model-path", head] if head and drafter not in ("ngram", "ar") else []
     env = {"JETFLOW_DRAFTER": drafter}
+    if name.endswith("-nolookup"):  # without it JETFLOW_LOOKUP is auto: on for a CPU server
+        name, env = name.removesuffix("-nolookup"), {**env, "JETFLOW_LOOKUP": "off"}
     if name == "nospec":
         return [], {}
     if name == "ngram":  # SGLang's own algorithm; on CPU it verifies through JetFlow's tree backend

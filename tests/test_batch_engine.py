@@ -53,6 +53,36 @@ def test_batch_is_token_identical_to_single_runs(stacks, fam, name, tree, budget
     assert sum(a != b for a, b in steps) <= 1, steps
 
 
+@pytest.mark.parametrize("fam,name,budget", [("llama", "jetflow", 8), ("qwen3", "ddtree", 16), ("llama", "dflash", 4)])
+def test_batch_with_lookup_is_token_identical_to_single_runs(stacks, fam, name, budget):
+    target, head, bidir = stacks[fam]
+    rng = random.Random(budget)
+    prompts = [[rng.randrange(VOCAB) for _ in range(rng.randint(1, 30))] for _ in range(3)]
+    prompts.append([5, 9, 11, 3] * 6)  # repeats itself: the lookup trie has something to offer
+    drafter = make_drafter(name, head, bidir, width=4, lookup=True)
+    assert drafter.name == f"{name}+lookup"
+    res = generate_batch(target, drafter, prompts, max_new_tokens=20, budget=budget)
+    merged_rounds = 0
+    for p, r in zip(prompts, res):
+        single = run(target, drafter, p, max_new_tokens=20, budget=budget)
+        assert r.tokens == single.tokens == autoregressive(target, p, max_new_tokens=20).tokens
+        plain = run(target, drafter.base, p, max_new_tokens=20, budget=budget)
+        merged_rounds += sum(a.tree.tokens != b.tree.tokens for a, b in zip(single.rounds[1:], plain.rounds[1:]))
+    assert merged_rounds > 0  # the lookup changed some trees
+
+
+def test_lookup_leaves_sampled_trees_to_the_head(stacks):
+    target, head, _ = stacks["llama"]
+    drafter = make_drafter("jetflow", head, lookup=True)
+    state = drafter.new_state([1, 2, 3, 1, 2, 3, 1, 2], target.prefill([1, 2, 3, 1, 2, 3, 1, 2])[1])
+    gen_a, gen_b = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    t = drafter.draft(state, 3, 8, temperature=0.7, generator=gen_a)
+    ref = drafter.base.draft(state, 3, 8, temperature=0.7, generator=gen_b)
+    assert t.tokens == ref.tokens and t.child_probs is not None
+    greedy = drafter.draft(state, 3, 8)
+    assert (1, 2) in {(greedy.tokens[c], greedy.tokens[g]) for c in greedy.children(0) for g in greedy.children(c)}
+
+
 def test_batch_rejects_bad_input(stacks):
     target, head, _ = stacks["llama"]
     drafter = make_drafter("jetflow", head)

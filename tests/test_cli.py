@@ -241,3 +241,21 @@ def test_tree_and_depth_options(stack, capsys, monkeypatch):
     monkeypatch.setattr(Target, "from_pretrained", lambda *a, **k: pytest.fail("loaded before checking --depth"))
     code, _, err = run_cli(capsys, "hi", "--target", target, "--head", head, "--depth", "9")
     assert code == 2 and "depth must be an integer in [1, 7]" in one_line(err)
+
+
+def test_lookup_is_on_by_default_and_can_be_turned_off(stack, capsys):
+    target, head, _ = stack
+    prompt = "one two three one two three one two three one two"  # repeats itself: the lookup trie drafts it
+    common = ["--target", target, "--head", head, "--budget", "8", "--max-new-tokens", "24", "--compare-ar", "--json",
+              "--threads", "1", "--dtype", "float32"]
+    code, out, err = run_cli(capsys, prompt, *common)
+    assert code == 0, err
+    on = json.loads(out)
+    assert on["lookup"] is True and on["drafter"] == "jetflow" and on["lossless"] is True
+    assert "jetflow+lookup budget=8" in err
+    code, out, err = run_cli(capsys, prompt, *common, "--no-lookup")
+    off = json.loads(out)
+    assert code == 0 and off["lookup"] is False and off["drafter"] == "jetflow" and off["lossless"] is True
+    assert off["tokens"] == on["tokens"]
+    code, out, err = run_cli(capsys, prompt, *common, "--drafter", "ngram")  # no head: nothing to merge into
+    assert code == 0 and json.loads(out)["drafter"] == "ngram"

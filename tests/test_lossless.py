@@ -53,7 +53,7 @@ CASES = 240
 
 @pytest.mark.parametrize("chunk", range(8))
 def test_greedy_is_token_identical(stacks, chunk):
-    inside = 0
+    inside = merged = 0
     for case in range(chunk * CASES // 8, (chunk + 1) * CASES // 8):
         rng = random.Random(case)
         fam = rng.choice(["llama", "qwen3"])
@@ -66,11 +66,18 @@ def test_greedy_is_token_identical(stacks, chunk):
         budget = rng.choice([1, 2, 3, 5, 8, 16, 17, 32, 64, 100, 128, 255, 256])
         name = rng.choice(list(DRAFTERS) + ["reftree"] * 4)
         tree = rng.choice(["exact", "exact", "paper"])  # the exact vectorized builder is the default path
-        drafter = RefTreeDrafter(len(prompt), full, rng) if name == "reftree" else \
-            make_drafter(name, head, bidir, width=rng.randint(1, 8), tree=tree)
+        lookup = False
+        if name == "reftree":
+            drafter = RefTreeDrafter(len(prompt), full, rng)
+        else:  # head drafters merge prompt-lookup tries into their trees in a third of the cases
+            drafter = make_drafter(name, head, bidir, width=rng.randint(1, 8), tree=tree, lookup=rng.random() < 1 / 3)
+            lookup = hasattr(drafter, "lookup")
         res = run(target, drafter, prompt, max_new_tokens=max_new, budget=budget, eos_ids=eos)
-        assert res.tokens == ref, f"case {case}: {fam} {name} ({tree}) budget={budget} max_new={max_new} eos={eos}"
+        assert res.tokens == ref, \
+            f"case {case}: {fam} {name} ({tree}) lookup={lookup} budget={budget} max_new={max_new} eos={eos}"
         last = res.rounds[-1]
         if last.tree is not None and len(last.new_tokens) < len(last.path):
             inside += 1  # the stop (EOS or limit) cut an accepted path short
+        merged += lookup
     assert inside >= 3, "the cases must exercise stops that fall inside an accepted path"
+    assert merged >= 2, "the cases must exercise trees merged with prompt lookup"

@@ -43,3 +43,18 @@ def test_contiguous_output_for_row_major_kernels():
     out = rowgemm.linear(x, w, contiguous=True)
     assert out.is_contiguous()
     torch.testing.assert_close(out, F.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_only_float32_takes_the_transposed_product():
+    """bfloat16 stays on F.linear (oneDNN's native small-row kernels beat W @ X^T there): bit-identical to it."""
+    import torch
+    import torch.nn.functional as F
+
+    from jetflow_sglang import rowgemm
+
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn(48, 32, generator=g), torch.randn(5, 32, generator=g)
+    assert torch.equal(rowgemm.linear(x.bfloat16(), w.bfloat16()), F.linear(x.bfloat16(), w.bfloat16()))
+    out = rowgemm.linear(x, w)
+    assert out.stride() == (1, 5)  # float32: the transposed product (a transposed view)
+    torch.testing.assert_close(out, F.linear(x, w))

@@ -4,7 +4,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from jetflow_sglang.tree import (DraftTree, ancestor_mask, best_first, chain, check_budget, pack_bits, pack_ragged,
+from jetflow_sglang.tree import (DraftTree, ancestor_mask, best_first, chain, check_budget, merge, pack_bits, pack_ragged,
                                  per_depth, unpack_bits)
 
 
@@ -95,3 +95,66 @@ def test_chain_and_paths():
     assert t.parents == [-1, 0, 1, 2] and t.path_to(3) == [0, 1, 2, 3]
     with pytest.raises(ValueError):
         ancestor_mask([-1, 2, 0])
+
+
+def _paths(tree):
+    """{token path: best score} of every non-root node (a tree may hold a path twice)."""
+    out, key = {}, {0: ()}
+    for v in range(1, len(tree)):
+        key[v] = key[tree.parents[v]] + (tree.tokens[v],)
+        out[key[v]] = max(out.get(key[v], float("-inf")), tree.logps[v])
+    return out
+
+
+def _random_trie(rng, root, n, vocab=6):
+    """A tree with repeated tokens (so paths collide across trees) and scores that fall along every path."""
+    tree = DraftTree.root(root)
+    while len(tree) < n:
+        p = rng.randrange(len(tree))
+        tree.add(rng.randrange(vocab), p, tree.logps[p] - rng.choice([0.0, 0.25, 0.5, 1.0, float("inf")]))
+    return tree
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 10**6), budget=st.integers(1, 64), n_trees=st.integers(1, 3))
+def test_merge_is_the_best_prefix_closed_union(seed, budget, n_trees):
+    rng = random.Random(seed)
+    trees = [_random_trie(rng, 3, rng.randint(1, 40)) for _ in range(n_trees)]
+    out = merge(trees, budget)
+    paths = _paths(out)
+    assert len(out) <= budget and len(paths) == len(out) - 1  # no path twice
+    assert all(0 <= p < i for i, p in enumerate(out.parents[1:], 1))
+    # brute force: every path's best score over the trees, capped by its prefixes'
+    best = {}
+    for t in trees:
+        for k, lp in _paths(t).items():
+            best[k] = max(best.get(k, float("-inf")), lp)
+    capped = {k: min(best[k[:i]] for i in range(1, len(k) + 1)) for k in best}
+    finite = {k: v for k, v in capped.items() if v > float("-inf")}
+    assert paths == {k: finite[k] for k in paths}  # scores as defined
+    assert len(paths) == min(budget - 1, len(finite))
+    if paths:  # nothing left out scores strictly better than anything kept
+        assert max([v for k, v in finite.items() if k not in paths], default=float("-inf")) <= min(paths.values())
+    assert out.logps == sorted(out.logps, reverse=True)  # best-first
+    smaller = merge(trees, max(1, budget // 2))  # the first b nodes are the budget-b merge
+    assert smaller.tokens == out.tokens[:len(smaller)] and smaller.parents == out.parents[:len(smaller)]
+
+
+def test_merge_of_one_tree_is_that_tree():
+    rng = random.Random(5)
+    toks, lps = random_cands(rng)
+    tree = best_first(9, per_depth(toks, lps), 64, 8, 15)
+    for b in (1, 2, 17, 64):
+        m = merge([tree], b)
+        assert (m.tokens, m.parents, m.depths) == (tree.tokens[:b], tree.parents[:b], tree.depths[:b])
+
+
+def test_merge_rejects_bad_input():
+    a, b = chain(1, [2, 3]), chain(4, [2])
+    with pytest.raises(ValueError, match="same root"):
+        merge([a, b], 8)
+    with pytest.raises(ValueError, match="budget"):
+        merge([a], 0)
+    a.child_probs = [torch.ones(5) / 5, None, None]
+    with pytest.raises(ValueError, match="sampled"):
+        merge([a], 8)

@@ -17,9 +17,11 @@ except ImportError:  # pragma: no cover - only before stack.py exists
     _stack = None
     from jetflow_sglang.cli import load_stack
 
-DRAFTERS = [("JetFlow", "jetflow"), ("JetFlow branch-conditioned", "jetflow-branch"), ("DDTree", "ddtree"),
-            ("DFlash chain", "dflash"), ("n-gram (prompt lookup)", "ngram"), ("autoregressive", "ar")]
-HEAD_DRAFTERS = {"jetflow", "jetflow-branch", "ddtree", "dflash"}
+DRAFTERS = [("JetFlow", "jetflow"), ("JetFlow + lookup (jetflow generate's default)", "jetflow+lookup"),
+            ("JetFlow branch-conditioned", "jetflow-branch"), ("DDTree", "ddtree"), ("DFlash chain", "dflash"),
+            ("n-gram (prompt lookup)", "ngram"), ("autoregressive", "ar")]
+HEAD_DRAFTERS = {"jetflow", "jetflow+lookup", "jetflow-branch", "ddtree", "dflash"}
+LOOKUP = "+lookup"  # a head drafter with prompt-lookup tries merged into its trees (drafters.WithLookup)
 MAX_BUDGET, MAX_TOKENS, MAX_TEMPERATURE = 256, 1024, 2.0
 WIDTH, SEED = 8, 0
 
@@ -57,6 +59,7 @@ class Models:
         self.eos_ids = sorted(self.target.eos_ids())
 
     def _head_dir_for(self, name: str) -> Path:
+        name = name.removesuffix(LOOKUP)
         if _stack is not None:
             return Path(_stack.pick_head(self.head_dir, name, self.target.config)[0])
         from jetflow_sglang.cli import bidir_dir
@@ -89,8 +92,9 @@ class Models:
                 if str(d) not in self._heads:
                     self._heads[str(d)] = load_head(d, self.target)
                 head = self._heads[str(d)]
-            causal = name.startswith("jetflow")
-            self._drafters[name] = make_drafter(name, head if causal else None, None if causal else head, width=WIDTH)
+            causal, base = name.startswith("jetflow"), name.removesuffix(LOOKUP)
+            self._drafters[name] = make_drafter(base, head if causal else None, None if causal else head, width=WIDTH,
+                                                lookup=name.endswith(LOOKUP))
         return self._drafters[name]
 
     def decode(self, ids) -> str:

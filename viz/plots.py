@@ -9,11 +9,11 @@ from plotly.subplots import make_subplots
 from . import diagnostics as D
 
 # one fixed colour and marker per drafter, everywhere in the explorer (live runs, comparisons, result files)
-DRAFTER_COLOURS = {"jetflow": "#1f77b4", "jetflow-branch": "#2ca02c", "ddtree": "#e4572e", "dflash": "#9467bd",
-                   "ngram": "#8c564b", "ar": "#7f7f7f", "oracle": "#222222"}
-DRAFTER_SYMBOLS = {"jetflow": "circle", "jetflow-branch": "diamond", "ddtree": "square-open", "dflash": "triangle-up",
-                   "ngram": "x", "ar": "cross", "oracle": "star"}
-_EXTRA = ["#17becf", "#bcbd22", "#e377c2", "#ff7f0e"]
+DRAFTER_COLOURS = {"jetflow": "#1f77b4", "jetflow+lookup": "#ff7f0e", "jetflow-branch": "#2ca02c", "ddtree": "#e4572e",
+                   "dflash": "#9467bd", "ngram": "#8c564b", "ar": "#7f7f7f", "oracle": "#222222"}
+DRAFTER_SYMBOLS = {"jetflow": "circle", "jetflow+lookup": "circle-open", "jetflow-branch": "diamond",
+                   "ddtree": "square-open", "dflash": "triangle-up", "ngram": "x", "ar": "cross", "oracle": "star"}
+_EXTRA = ["#17becf", "#bcbd22", "#e377c2", "#d62728"]
 
 
 def drafter_colour(name: str, others: Sequence[str] = ()) -> str:

@@ -5,7 +5,8 @@ Per scheduler step:
            chunked prefill) become head context K/V at the token's own KV slot (HeadKVPool), so a radix-cache
            prefix hit finds the head's rows next to the target's.
   decode   draft   one head forward for the whole batch over its paged context -> per-depth top-k -> the batched
-                   exact tree builder (tree_batch.build_topb); budget 0 skips the head (plain decoding)
+                   exact tree builder (tree_batch.build_topb); budget 0 skips the head (plain decoding);
+                   with JETFLOW_LOOKUP each request's prompt-lookup trie is merged in on the host (tree.merge)
            verify  one TARGET_VERIFY forward of all bs*n nodes under a tree mask built on the device
            accept  greedy and rejection-sampling acceptance on the device (accept.py)
            commit  accepted nodes' target K/V moved to the front of the window, their head K/V written there
@@ -82,6 +83,11 @@ def _install_server_info_hook() -> None:
     C._add_speculative = _add_speculative
 
 
+def _history(req) -> list[int]:
+    """A request's committed tokens before its anchor (the last output token)."""
+    return list(req.origin_input_ids) + list(req.output_ids[:-1])
+
+
 def _sync(device) -> None:
     if str(device).startswith("cuda"):
         torch.cuda.synchronize()
@@ -116,6 +122,11 @@ class JetFlowWorker(BaseSpecWorker):
             from ..drafters import HeadDrafter
 
             self.head_drafter = HeadDrafter(self.head, width=self.width, depth=self.depth)
+        self.lookup = None  # JETFLOW_LOOKUP: each request's prompt-lookup trie merged into its head tree, on the host
+        if self.head_drafter is not None and self.cfg.lookup:
+            from ..drafters import WithLookup
+
+            self.lookup = WithLookup(self.head_drafter)
         self.capture = CaptureHiddenMode.FULL if self.head is not None else None
         if str(self.device) == "cpu":  # verify GEMMs of batch x tree rows at one weight read (cpu_gemm.py)
             from .cpu_gemm import install
@@ -213,7 +224,7 @@ class JetFlowWorker(BaseSpecWorker):
         pass
 
     def jetflow_server_info(self) -> dict:
-        out = self.stats.snapshot(self.pool)
+        out = {**self.stats.snapshot(self.pool), "lookup": self.lookup is not None}
         if self.pool is not None:  # head rows in use = target slots in use (running requests + radix cache)
             out["head_pool_used"] = int(self.pool.size - 1 - self.token_to_kv_pool_allocator.available_size())
         return out
@@ -314,7 +325,10 @@ class JetFlowWorker(BaseSpecWorker):
         toks, lps = self._head_topk(batch, anchors, budget)
         if self.drafter_name == "dflash":  # the head's argmax chain
             toks, lps = toks[:, :, :1], lps[:, :, :1]
-        return build_topb(anchors, toks, lps, budget)
+        tree = build_topb(anchors, toks, lps, budget)
+        if self.lookup is not None:  # at T > 0 the device accept tests a node's first `width` (best) children
+            tree = self.lookup.merge_batch(tree, [_history(r) for r in batch.reqs], budget)
+        return tree
 
     def _head_topk(self, batch, anchors, budget: int):
         """Per-depth top-`width` candidates [b, D, W] of one block forward for all requests, padded over the head K/V
@@ -328,10 +342,7 @@ class JetFlowWorker(BaseSpecWorker):
         """Head-less drafters (prompt lookup) work on token lists on the host."""
         from ..drafters import State
 
-        trees = []
-        for req in batch.reqs:
-            ctx = list(req.origin_input_ids) + list(req.output_ids[:-1])
-            trees.append(self.host_drafter.draft(State(tokens=ctx), req.output_ids[-1], budget))
+        trees = [self.host_drafter.draft(State(tokens=_history(r)), r.output_ids[-1], budget) for r in batch.reqs]
         return TreeBatch.from_trees(trees, budget=budget, device=self.device)
 
     # -- verify: one TARGET_VERIFY forward --------------------------------------------------------------------

@@ -213,3 +213,23 @@ def test_head_pool_counts_in_the_kv_budget():
         install()
         install()
         assert DefaultPoolConfigurator.__init__._jetflow
+
+
+@pytest.mark.parametrize("env,device,want", [({}, "cpu", True), ({}, "cuda", False), ({}, None, False),
+                                             ({"JETFLOW_LOOKUP": "off"}, "cpu", False),
+                                             ({"JETFLOW_LOOKUP": "on"}, "cuda", True),
+                                             ({"JETFLOW_LOOKUP": "1"}, "cpu", True)])
+def test_lookup_setting(env, device, want):
+    sa = SimpleNamespace(speculative_draft_model_path=HEADS["causal"], device=device)
+    c = JetFlowServerConfig.from_server_args(sa, env=env)
+    assert c.lookup is want and f"lookup={'on' if want else 'off'}" in c.describe()
+
+
+def test_lookup_errors():
+    sa = SimpleNamespace(speculative_draft_model_path=HEADS["causal"], device="cpu")
+    with pytest.raises(JetFlowConfigError, match="JETFLOW_LOOKUP must be auto, on or off; got 'maybe'"):
+        JetFlowServerConfig.from_server_args(sa, env={"JETFLOW_LOOKUP": "maybe"})
+    no_head = SimpleNamespace(device="cpu")
+    with pytest.raises(JetFlowConfigError, match="JETFLOW_LOOKUP=on merges prompt lookup into a head"):
+        JetFlowServerConfig.from_server_args(no_head, env={"JETFLOW_LOOKUP": "on"})
+    assert JetFlowServerConfig.from_server_args(no_head, env={}).lookup is False  # auto: ngram is lookup already

@@ -188,6 +188,7 @@ def test_step_stats_in_server_info(servers):
     spec, _ = servers
     state = _jetflow_state(spec)
     assert state["steps"] > 0 and state["last_budget"] == 6
+    assert state["lookup"] is True  # JETFLOW_LOOKUP=auto on a CPU server: every test here runs merged trees
     assert all(1.0 <= a <= 6 for a in state["recent_accept_lens"])
 
 
