@@ -18,8 +18,8 @@ Environment (only what SGLang has no flag for; read once, never written):
     JETFLOW_TREE      exact           how the tree is built from the head's per-depth top-k (paper: CLI only)
     JETFLOW_LOOKUP    auto | on | off   merge prompt-lookup continuations (repeats of the request's own context) into
                       each head tree, competing for the same budget (drafters.WithLookup). The n-gram match and the
-                      merge run on the host, per request: auto (default) turns it on where the server runs on the
-                      CPU, where that costs well under 1% of a step, and off on a GPU, where it has not been measured
+                      merge run on the host, about 1 ms per request and step: auto (default) turns it on where the
+                      server runs on the CPU (a few % of a step there) and off on a GPU, where it is not yet measured
     JETFLOW_COST_PRIOR  JSON {verified tokens: seconds}, e.g. '{"1": 0.01, "8": 0.02}': the verify-cost prior of
                       JETFLOW_BUDGET=auto (only valid with it; default: the adaptive budget's own prior)
 

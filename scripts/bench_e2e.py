@@ -220,23 +220,26 @@ def plot(summary: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     sets = [s for s in summary if s != "all"] + ["all"]
-    methods = [m[0] for m in METHODS if m[0] != "hf-ar"]
-    fig, axes = plt.subplots(1, 2, figsize=(15, 5.5))
+    methods = [m[0] for m in METHODS if m[0] != "hf-ar" and m[0] in summary["all"]]  # the methods of this run
+    colours = plt.get_cmap("tab10" if len(methods) <= 10 else "tab20").colors
+    fig, axes = plt.subplots(1, 2, figsize=(15, 5.8))
     width = 0.8 / len(methods)
     for ax, base, title in ((axes[0], "hf-ar", "speedup over HF generate (greedy)"),
                             (axes[1], "hf-prompt-lookup", "speedup over HF prompt lookup (10 tokens)")):
         for i, m in enumerate(methods):
             ys = [summary[s].get(m, {}).get(f"vs_{base}", 0.0) for s in sets]
             xs = [j + (i - len(methods) / 2 + 0.5) * width for j in range(len(sets))]
-            ax.bar(xs, ys, width, label=m)
+            ax.bar(xs, ys, width, label=m, color=colours[i % len(colours)])
         ax.axhline(1.0, color="black", lw=1)
         ax.set_xticks(range(len(sets)), sets)
         ax.set_title(title)
         ax.set_ylabel("x (higher is faster)")
         ax.grid(axis="y", alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(methods), fontsize=9, frameon=False)
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    ncol = min(len(methods), 5)
+    rows = -(-len(methods) // ncol)
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, 0.045 * rows + 0.02, 1, 1))
     fig.savefig(path, dpi=110)
 
 
