@@ -278,6 +278,13 @@ def test_live_run_target_view_diagnostics_export_and_reload(app, browser):
     assert len(best["path"]) >= 2, f"no round accepted a draft token: {stats}"
     assert best["accepted_edges"] == len(best["path"]) - 1
     assert page.locator("#jf-text .jf-acc").count() >= 1
+
+    # the CLI's default drafter: the head's tree with the prompt-lookup trie merged in; lossless on the same output
+    choose(page, "jf-drafter", "JetFlow + lookup (jetflow generate's default)")
+    info = generate_and_wait(page)
+    stats = page.locator("#jf-stats").inner_text()
+    assert "jetflow+lookup" in stats and "tau" in stats and "identical text: True" in stats, stats
+    assert info["nodes"] >= 1
     page.close()
 
 
