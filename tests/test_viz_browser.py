@@ -29,6 +29,12 @@ torch.set_num_threads(1)
 # --no-sandbox: CI runs as root. The rest keeps Chromium from calling out to the network.
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--no-first-run"]
+TREE_TITLE = "document.querySelector('#jf-tree .js-plotly-plot').layout.title.text"
+TREE_NODES = """() => { const el = document.querySelector('#jf-tree .js-plotly-plot'), by = {};
+    el.data.forEach(t => by[t.name] = t);
+    const drawn = (by['draft nodes'] || {customdata: []}).customdata.length;
+    const folded = by['collapsed'] ? by['collapsed'].customdata.reduce((a, b) => a + b, 0) : 0;
+    return {total: drawn + folded, drawn: drawn, title: (el.layout.title || {}).text || ''}; }"""
 NODE_TRACES = """() => { const el = document.querySelector('#jf-tree .js-plotly-plot');
     const byName = {}; (el.data || []).forEach(t => byName[t.name] = t);
     const layers = [...el.querySelectorAll('.scatterlayer .trace')];
@@ -379,10 +385,13 @@ def test_results_tab_reads_the_benchmark_files(app, browser):
 def test_stop_and_two_tabs_keep_their_own_state(app, browser):
     url, out = app
     a, b = open_page(browser, url), open_page(browser, url)
-    # tab A: a long autoregressive run, stopped after a few rounds
+    # tab A: a long run, stopped after a few rounds. 256-node JetFlow trees make every round heavy (a verify of 256
+    # nodes and its figure), so the run outlasts the Stop clicks below even on a fast machine (1024 plain decoding
+    # steps of the tiny model took 2.4 s on one, and Stop landed after the end)
     a.locator("#jf-ex-chat").click()
     sync_api.expect(a.locator("#jf-prompt textarea")).to_have_value(re.compile("sleep"), timeout=30_000)
-    choose(a, "jf-drafter", "autoregressive")
+    choose(a, "jf-drafter", "JetFlow")
+    set_slider(a, "jf-budget", 256)
     set_slider(a, "jf-max-tokens", 1024)
     a.locator("#jf-ignore-eos input").check()  # the tiny model can reach EOS in under a second, before Stop lands
     a.locator("#jf-generate").click()
@@ -398,6 +407,10 @@ def test_stop_and_two_tabs_keep_their_own_state(app, browser):
     a_stats = a.locator("#jf-stats").inner_text()
     assert a_stats.startswith("stopped"), a_stats
     assert "· tokens 1024 ·" not in a_stats and "ignores end-of-text" in a_stats
+    set_slider(a, "jf-round", 1)
+    a.wait_for_function(f"{TREE_TITLE}.startsWith('round 1:')", timeout=30_000)
+    a_round1 = a.evaluate(TREE_NODES)
+    assert a_round1["total"] > 1, (a_round1, a_stats)  # a JetFlow tree (its unlikely branches folded), not a root
     # tab B: its own run with another drafter must not leak into tab A
     assert b.locator("#jf-stats").inner_text().startswith("no rounds")
     b.locator("#jf-ex-code").click()
@@ -407,10 +420,11 @@ def test_stop_and_two_tabs_keep_their_own_state(app, browser):
     generate_and_wait(b)
     assert "ngram" in b.locator("#jf-stats").inner_text() and "not measured" in b.locator("#jf-stats").inner_text()
     assert a.locator("#jf-stats").inner_text() == a_stats
-    set_slider(a, "jf-round", 1)  # scrubbing tab A reads tab A's rounds: AR trees are a lone root
-    a.wait_for_function("document.querySelector('#jf-tree .js-plotly-plot').layout.title.text.startsWith('round 1:')",
-                        timeout=30_000)
-    assert a.evaluate(NODE_TRACES)["nodes"] == 1
+    set_slider(a, "jf-round", 2)  # scrubbing tab A reads tab A's rounds, not tab B's n-gram tries
+    a.wait_for_function(f"{TREE_TITLE}.startsWith('round 2:')", timeout=30_000)
+    set_slider(a, "jf-round", 1)
+    a.wait_for_function(f"{TREE_TITLE}.startsWith('round 1:')", timeout=30_000)
+    assert a.evaluate(TREE_NODES) == a_round1
     a.close(), b.close()
 
 
