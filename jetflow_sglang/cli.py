@@ -137,9 +137,10 @@ def cmd_generate(a) -> int:
         from .diverge import first_divergence
 
         div = first_divergence(target, list(ids), res.tokens, ar.tokens)
+    base = getattr(drafter, "base", drafter)  # the head drafter under a WithLookup
     summary = {
-        "text": text, "tokens": res.tokens, "drafter": getattr(drafter, "base", drafter).name, "budget": a.budget, "dtype": str(target.dtype).removeprefix("torch."),
-        "tree": a.tree, "depth": getattr(getattr(drafter, "base", drafter), "depth", None),
+        "text": text, "tokens": res.tokens, "drafter": base.name, "budget": a.budget, "dtype": str(target.dtype).removeprefix("torch."),
+        "tree": a.tree, "depth": getattr(base, "depth", None),
         "lookup": hasattr(drafter, "lookup"),
         "temperature": a.temperature, "new_tokens": len(res.tokens), "verify_steps": res.steps,
         "tau": round(res.tau, 4), "tokens_per_s": round(res.tokens_per_s, 3),
