@@ -32,6 +32,7 @@ from sgl_server import Server  # noqa: E402  (the same launcher the e2e tests us
 
 CONFIGS = ("nospec", "jetflow-b8", "jetflow-b16", "jetflow-auto", "ngram")  # the default run
 EXTRA = ("jetflow-b1",  # JETFLOW's plain step alone (budget 1: no head forward, a one-node verify)
+         "jetflow-b2", "jetflow-b4",  # small fixed trees (what `auto` picks at larger batches)
          "jetflow-auto-nolookup", "jetflow-b8-nolookup", "jetflow-b16-nolookup")  # JETFLOW_LOOKUP=off (the head alone)
 SYSTEM = ("You are a careful assistant for a school. Answer the question that follows. Explain every step of your "
           "reasoning in plain words, check each number twice, keep units consistent, and end with a short summary "

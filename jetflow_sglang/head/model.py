@@ -28,14 +28,20 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Llama RoPE (rotate-half). x [B, H, S, D], positions [B, S]."""
-    d = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
+def rope(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Llama RoPE tables for positions [B, S]: (cos, sin) [B, 1, S, D] in float32, computed once per forward and
+    shared by every layer's queries and keys (a block forward used to rebuild them four times)."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
     ang = positions.float()[:, None, :, None] * inv  # [B,1,S,D/2]
-    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
-    x1, x2 = x.float().chunk(2, -1)
-    return (x.float() * cos + torch.cat([-x2, x1], -1) * sin).to(x.dtype)
+    return torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+
+
+def rotate(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Rotate-half RoPE of x [B, H, S, D] with tables from `rope`."""
+    cos, sin = cos_sin
+    xf = x.float()
+    x1, x2 = xf.chunk(2, -1)
+    return (xf * cos + torch.cat([-x2, x1], -1) * sin).to(x.dtype)
 
 
 class DraftLayer(nn.Module):
@@ -59,16 +65,16 @@ class DraftLayer(nn.Module):
         b, s, _ = x.shape
         return x.view(b, s, n, self.cfg.head_dim).transpose(1, 2)
 
-    def kv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys/values of already-normalised rows x [B, S, d] -> [B, Hkv, S, D] each (keys rotated)."""
+    def kv(self, x: torch.Tensor, cos_sin) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys/values of already-normalised rows x [B, S, d] -> [B, Hkv, S, D] each (keys rotated by `rope`)."""
         k = self.k_norm(self._heads(self.k_proj(x), self.cfg.num_kv_heads))
         v = self._heads(self.v_proj(x), self.cfg.num_kv_heads)
-        return rotate(k, positions, self.cfg.rope_theta), v
+        return rotate(k, cos_sin), v
 
-    def forward(self, h, positions, ctx_k, ctx_v, mask):
+    def forward(self, h, cos_sin, ctx_k, ctx_v, mask):
         x = self.input_layernorm(h)
-        q = rotate(self.q_norm(self._heads(self.q_proj(x), self.cfg.num_heads)), positions, self.cfg.rope_theta)
-        k, v = self.kv(x, positions)
+        q = rotate(self.q_norm(self._heads(self.q_proj(x), self.cfg.num_heads)), cos_sin)
+        k, v = self.kv(x, cos_sin)
         k, v = torch.cat([ctx_k, k], 2), torch.cat([ctx_v, v], 2)
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], enable_gqa=self.cfg.num_heads != self.cfg.num_kv_heads)
         h = h + self.o_proj(o.transpose(1, 2).flatten(2))
@@ -118,14 +124,19 @@ class JetFlowHead(nn.Module):
     def context_kv(self, taps: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """taps [B, T, n_taps*H] of committed rows -> per-layer (k, v) [B, Hkv, T, D]."""
         c = self.hidden_norm(self.fc(taps.to(self.fc.weight.dtype)))
-        return [layer.kv(c, positions) for layer in self.layers]
+        cos_sin = self.rope(positions)
+        return [layer.kv(c, cos_sin) for layer in self.layers]
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, ctx_kv, mask: torch.Tensor) -> torch.Tensor:
         """tokens/positions [B, S]; mask [B, S, T_ctx + S] bool (True = attend). Returns normed hidden [B, S, d]."""
         h = self.embed(tokens)
+        cos_sin = self.rope(positions)
         for layer, (k, v) in zip(self.layers, ctx_kv):
-            h = layer(h, positions, k, v, mask)
+            h = layer(h, cos_sin, k, v, mask)
         return self.norm(h)
+
+    def rope(self, positions: torch.Tensor):
+        return rope(positions, self.config.head_dim, self.config.rope_theta)
 
     def logits(self, hidden: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
         w = self.lm_weight() if weight is None else weight
