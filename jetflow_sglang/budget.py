@@ -266,6 +266,19 @@ class AdaptiveBudget:
         prior_tau = lambda b: 1.0 if b <= 1 else 1 + PRIOR_SLOPE * math.log2(b)  # noqa: E731
         return max(cands or self.ladder[:1], key=lambda b: batch * prior_tau(b) / self.round_cost(b, batch))
 
+    def snapshot(self, batch: int = 1) -> dict:
+        """What the controller believes now (the SGLang worker exports it in /server_info): the budget it is on, and
+        per budget its estimated tau, round seconds and rate at `batch` (None where tau is not known yet), plus the
+        exploration ledger. Budgets are strings (JSON keys)."""
+        rows = {}
+        for b in self.ladder:
+            tau = self.tau(b)
+            rows[str(b)] = {"tau": None if tau is None else round(tau, 4),
+                            "round_s": round(self.round_cost(b, batch), 6),
+                            "tokens_per_s": None if tau is None else round(self.rate(b, batch), 3)}
+        return {"current": self.current, "rounds": self.t, "explored": self.explored, "batch": batch,
+                "regret_s": round(self.regret, 4), "elapsed_s": round(self.elapsed, 4), "budgets": rows}
+
     # ---- feedback -----------------------------------------------------------------------------------------------
     def observe(self, path, budget: int, batch: int = 1, verify_s: float = 0.0, draft_s: float = 0.0) -> None:
         """path: accepted node ids of one request, root first; budget: its tree size (0: a plain decode step)."""

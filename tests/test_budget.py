@@ -285,3 +285,19 @@ def test_a_smaller_tree_is_measured_not_priced_from_the_prior(p):
     assert auto <= 1.08 * min(fixed.values()), (auto / min(fixed.values()), fixed)
     _, ctl = simulate(AdaptiveBudget(max_budget=256, cost_prior=prior), cost, 0.012, p)
     assert 4 in ctl.verify_s, sorted(ctl.verify_s)
+
+
+def test_snapshot_reports_what_the_controller_believes():
+    _, ctl = simulate(AdaptiveBudget(cost_prior={n: cpu_cost(n) for n in (1, 4, 16, 64)}, allow_zero=True), cpu_cost,
+                      draft=0.004, p=0.7)
+    snap = json.loads(json.dumps(ctl.snapshot(batch=1)))  # JSON-safe, as /server_info serves it
+    assert snap["current"] == ctl.current and snap["rounds"] == ctl.t > 0 and snap["batch"] == 1
+    assert set(snap["budgets"]) == {str(b) for b in ctl.ladder}
+    assert snap["budgets"]["0"]["tau"] == snap["budgets"]["1"]["tau"] == 1.0
+    for b, row in snap["budgets"].items():
+        assert row["round_s"] > 0
+        if row["tau"] is not None:
+            assert row["tokens_per_s"] == pytest.approx(ctl.rate(int(b), 1), rel=1e-3)
+    best = max((b for b, r in snap["budgets"].items() if r["tokens_per_s"] is not None),
+               key=lambda b: snap["budgets"][b]["tokens_per_s"])
+    assert abs(snap["budgets"][best]["tokens_per_s"] - ctl.rate(ctl.current, 1)) <= 0.06 * snap["budgets"][best]["tokens_per_s"]

@@ -83,6 +83,11 @@ def test_auto_falls_back_to_plain_decoding(servers, models):
     steps = after["steps"] - before["steps"]
     assert steps >= 60 and plain_steps >= 0.75 * steps, after  # a few exploring rounds may try a tree
     assert sum(b <= 1 for b in after["recent_budgets"][-8:]) >= 6, after["recent_budgets"]
+    auto = after["auto"]  # the controller's own view: plain decoding is its best estimated rate
+    assert auto["rounds"] >= steps and auto["current"] in (0, 1), auto
+    rates = {int(b): r["tokens_per_s"] for b, r in auto["budgets"].items() if r["tokens_per_s"] is not None}
+    plain_rate = max(rates.get(0, 0.0), rates.get(1, 0.0))
+    assert all(r <= plain_rate / 0.95 for b, r in rates.items() if b > 1), auto  # within the 5% hysteresis at most
     for ids, out in zip(prompts, outs):
         assert out["output_ids"] == hf_greedy(models[0], ids, 24, stop_at_eos=False)
 
