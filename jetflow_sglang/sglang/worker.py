@@ -226,7 +226,7 @@ class JetFlowWorker(BaseSpecWorker):
     def jetflow_server_info(self) -> dict:
         out = {**self.stats.snapshot(self.pool), "lookup": self.lookup is not None}
         if self.adaptive is not None:  # its estimates at the last step's batch size: why it picks what it picks
-            out["auto"] = self.adaptive.snapshot(max(1, self.stats.recent[-1][1] if self.stats.recent else 1))
+            out["auto"] = self.adaptive.snapshot(max(1, out["last_batch"]))
         if self.pool is not None:  # head rows in use = target slots in use (running requests + radix cache)
             out["head_pool_used"] = int(self.pool.size - 1 - self.token_to_kv_pool_allocator.available_size())
         return out
