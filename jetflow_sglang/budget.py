@@ -8,6 +8,9 @@ The best budget maximises tokens per second: batch * tau(b) / (t_draft(b) + t_ve
 - t_verify(n) starts from a cost prior (measured verify forwards at a few sizes, `measure_cost_prior`, or a given
   {tokens: seconds} dict) and is replaced by the measured cost per bucket of verified tokens as rounds come in
   (an exponential mean in which one slow round counts as at most SPIKE times the estimate: see _smooth).
+  Measured costs (verify and draft) are kept per bucket of batch size: one head forward drafts the whole batch and
+  the same tokens cost more spread over more requests, so what a server learnt at batch 8 must not price batch 1
+  when the load falls (a batch size without measurements borrows the nearest one's).
 - The first budget is the prior's best, never above 16 and never the largest. Larger budgets are explored only when
   their optimistic rate (an upper confidence bound on tau, extrapolated with diminishing returns from the largest
   observed budget) beats the current best by the hysteresis margin, so exploration stops once it is ruled out
@@ -115,11 +118,13 @@ class AdaptiveBudget:
         self.decay, self.hysteresis = decay, hysteresis
         # per rung b >= 2: tokens a budget-b tree accepts beyond the rung below it, per request and round (paired)
         self.inc = {b: _Decayed() for b in self.ladder if b >= 2}
-        self.verify_s: dict[int, float] = {}  # bucket of verified tokens -> decayed mean seconds (trees)
+        # (bucket of batch, bucket of verified tokens) -> decayed mean seconds of a tree round's verify: the same
+        # tokens cost more spread over more requests, so costs measured at one batch size do not price another
+        self.verify_s: dict[tuple[int, int], float] = {}
         self.plain_s: dict[int, float] = {}  # bucket of batch -> seconds of a plain decode step (budget 0)
         self.plain_at: dict[int, int] = {}  # bucket of batch -> round of the lowest rung's last measurement
-        self.verify_at: dict[int, int] = {}  # bucket of verified tokens -> round of its last tree measurement
-        self.draft_s: dict[int, float] = {}  # rung -> decayed mean seconds of a drafting round
+        self.verify_at: dict[tuple[int, int], int] = {}  # the same keys -> round of its last measurement
+        self.draft_s: dict[tuple[int, int], float] = {}  # (rung, bucket of batch) -> decayed mean seconds of a draft
         self.t = 0  # rounds observed
         self.current: int | None = None
         self.explored = 0  # rounds spent on exploration (for tests and reports)
@@ -140,43 +145,57 @@ class AdaptiveBudget:
     def _rung(self, b: int) -> int:
         return max([r for r in self.ladder if r <= b], default=self.ladder[0])
 
-    def cost(self, n_tokens: int) -> float:
-        """Seconds of one verify forward over n_tokens: measured buckets, the prior (rescaled to them) elsewhere."""
+    def cost(self, n_tokens: int, batch: int = 1) -> float:
+        """Seconds of one verify forward over n_tokens for `batch` requests: the buckets measured at this batch size
+        (or the nearest one measured), the prior (rescaled to them) elsewhere."""
+        measured = self._measured(batch)
         bucket = _bucket(n_tokens)
-        if bucket in self.verify_s:
-            return self.verify_s[bucket]
-        table = {k: v * self._prior_scale() for k, v in self.prior.items()}
-        table.update(self.verify_s)
+        if bucket in measured:
+            return measured[bucket]
+        table = {k: v * self._prior_scale(measured) for k, v in self.prior.items()}
+        table.update(measured)
         return interp_cost(table, n_tokens)
 
-    def _prior_scale(self) -> float:
-        if not self.verify_s:
+    def _measured(self, batch: int) -> dict[int, float]:
+        """Verify seconds per bucket of tokens measured at batch's size bucket, or at the nearest one measured."""
+        sizes = {k[0] for k in self.verify_s}
+        if not sizes:
+            return {}
+        near = min(sizes, key=lambda s: (abs(math.log2(s) - math.log2(_bucket(batch))), s))
+        return {tokens: v for (s, tokens), v in self.verify_s.items() if s == near}
+
+    def _prior_scale(self, measured: dict[int, float]) -> float:
+        if not measured:
             return 1.0
-        ratios = [v / interp_cost(self.prior, k) for k, v in self.verify_s.items()]
+        ratios = [v / interp_cost(self.prior, k) for k, v in measured.items()]
         return math.exp(sum(math.log(r) for r in ratios) / len(ratios))
 
-    def draft_cost(self, b: int) -> float:
+    def draft_cost(self, b: int, batch: int = 1) -> float:
+        """Seconds of drafting a budget-b round for `batch` requests: measured per rung and batch size (one head
+        forward drafts the whole batch, so its cost grows with the batch: a cost learnt at batch 8 must not price
+        batch 1); unmeasured, the nearest measured batch size, then the nearest rung."""
         if b == 0:
             return 0.0
-        rung = self._rung(b)
-        if rung in self.draft_s:
-            return self.draft_s[rung]
+        key = (self._rung(b), _bucket(batch))
+        if key in self.draft_s:
+            return self.draft_s[key]
         if b == 1:  # no head forward; the head may still advance its context
             return 0.5 * self.draft_prior
-        known = [r for r in self.draft_s if r >= 2]
-        return self.draft_s[min(known, key=lambda r: abs(math.log2(r) - math.log2(rung)))] if known else self.draft_prior
+        known = [k for k in self.draft_s if k[0] >= 2]
+        dist = lambda k: (abs(math.log2(k[1] / key[1])), abs(math.log2(k[0] / key[0])))  # noqa: E731
+        return self.draft_s[min(known, key=dist)] if known else self.draft_prior
 
-    def cost_lower(self, n_tokens: int) -> float:
+    def cost_lower(self, n_tokens: int, batch: int = 1) -> float:
         """An optimistic verify cost: a tree is never cheaper to verify than a smaller measured one, and may cost no
         more (a wrong prior, e.g. profiled on a busy machine, must not hide a cheap budget forever)."""
-        bucket = _bucket(n_tokens)
-        below = [k for k in self.verify_s if k <= bucket]
-        return self.verify_s[max(below)] if below else self.cost(n_tokens)
+        measured = self._measured(batch)
+        below = [k for k in measured if k <= _bucket(n_tokens)]
+        return measured[max(below)] if below else self.cost(n_tokens, batch)
 
     def round_cost(self, b: int, batch: int, optimistic: bool = False) -> float:
         if b == 0:
-            return self.plain_s.get(_bucket(batch)) or self.cost(batch)
-        return self.draft_cost(b) + (self.cost_lower if optimistic else self.cost)(batch * b)
+            return self.plain_s.get(_bucket(batch)) or self.cost(batch, batch)
+        return self.draft_cost(b, batch) + (self.cost_lower if optimistic else self.cost)(batch * b, batch)
 
     def _largest_observed(self) -> int | None:
         seen = [b for b, a in self.inc.items() if a.w > 0.5]
@@ -253,7 +272,7 @@ class AdaptiveBudget:
         return self._stale(self.plain_at.get(_bucket(batch)), not self.prior_measured or self.t >= PROBE_EVERY)
 
     def _tree_stale(self, b: int, batch: int) -> bool:
-        return self._stale(self.verify_at.get(_bucket(batch * b)), True)
+        return self._stale(self.verify_at.get((_bucket(batch), _bucket(batch * b))), True)
 
     def _prev_rung(self, b: int) -> int | None:
         return max([r for r in self.ladder if r < b], default=None)
@@ -313,12 +332,13 @@ class AdaptiveBudget:
         if budget <= self.ladder[0]:
             self.plain_at[_bucket(batch)] = self.t
         if verify_s > 0:
-            table, key = (self.plain_s, _bucket(batch)) if budget == 0 else (self.verify_s, _bucket(batch * budget))
+            table, key = ((self.plain_s, _bucket(batch)) if budget == 0 else
+                          (self.verify_s, (_bucket(batch), _bucket(batch * budget))))
             _smooth(table, key, verify_s)
             if budget >= 1:
                 self.verify_at[key] = self.t
         if budget >= 1 and draft_s >= 0:
-            _smooth(self.draft_s, self._rung(budget), draft_s)
+            _smooth(self.draft_s, (self._rung(budget), _bucket(batch)), draft_s)
 
 
 def _smooth(table: dict, key: int, seconds: float) -> None:

@@ -18,8 +18,9 @@ Environment (only what SGLang has no flag for; read once, never written):
     JETFLOW_TREE      exact           how the tree is built from the head's per-depth top-k (paper: CLI only)
     JETFLOW_LOOKUP    auto | on | off   merge prompt-lookup continuations (repeats of the request's own context) into
                       each head tree, competing for the same budget (drafters.WithLookup). The n-gram match and the
-                      merge run on the host, about 1 ms per request and step: auto (default) turns it on where the
-                      server runs on the CPU (a few % of a step there) and off on a GPU, where it is not yet measured
+                      merge run on the device for the whole batch (lookup_batch), about 1-2 ms per step on a 2-core
+                      CPU: auto (default) turns it on where the server runs on the CPU and off on a GPU, where it is
+                      not yet measured
     JETFLOW_COST_PRIOR  JSON {verified tokens: seconds}, e.g. '{"1": 0.01, "8": 0.02}': the verify-cost prior of
                       JETFLOW_BUDGET=auto (only valid with it; default: the adaptive budget's own prior)
 
@@ -66,7 +67,7 @@ class JetFlowServerConfig:
     tree: str  # "exact" | "paper"
     head_dir: str | None = None
     cost_prior: dict | None = None  # {verified tokens: seconds} for AdaptiveBudget(cost_prior=...)
-    lookup: bool = False  # JETFLOW_LOOKUP: prompt-lookup tries merged into the head's trees (host side)
+    lookup: bool = False  # JETFLOW_LOOKUP: prompt-lookup tries merged into the head's trees (lookup_batch)
 
     @property
     def needs_head(self) -> bool:

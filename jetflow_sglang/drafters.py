@@ -19,6 +19,7 @@ import torch
 from . import rowgemm
 from .context_kv import ContextKV
 from .head import MASK, JetFlowHead
+from .lookup_batch import merge_lookup
 from .tree import DraftTree, best_first, check_budget, merge, per_depth
 from .tree_batch import TreeBatch, build_topb, build_topb_conditioned, root_only
 
@@ -353,11 +354,11 @@ class WithLookup:
             return tree
         return merge([tree, self.lookup.draft(state, anchor, budget)], budget)
 
-    def merge_batch(self, tb: TreeBatch, histories, budget: int) -> TreeBatch:
-        """Merge the head's batch of trees with each request's lookup trie (histories[i]: its committed tokens)."""
-        trees = [merge([t, self.lookup.draft(State(tokens=list(h)), t.tokens[0], budget)], budget)
-                 for t, h in zip(tb.trees(), histories)]
-        return TreeBatch.from_trees(trees, budget, tb.tokens.device)
+    def merge_batch(self, tb: TreeBatch, history: torch.Tensor, lens: torch.Tensor, budget: int) -> TreeBatch:
+        """`draft`'s merge for a batch, on the trees' device (lookup_batch.merge_lookup: the same nodes in the same
+        order): history [b, L] holds each request's committed tokens before its anchor in [:, :lens[i]]."""
+        ng = self.lookup
+        return merge_lookup(tb, history, lens, budget, ng.n_max, ng.n_min, ng.max_depth, ng.max_matches)
 
 
 def _chain_batch(anchors, tokens, logps, budget: int) -> TreeBatch:

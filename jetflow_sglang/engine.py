@@ -151,6 +151,12 @@ def generate_batch(target: Target, drafter, prompts, max_new_tokens: int = 128, 
     last, taps = bt.prefill(prompts)
     anchors = last.argmax(-1).tolist()
     lookup, drafter = (drafter, drafter.base) if isinstance(drafter, WithLookup) else (None, drafter)
+    if lookup is not None:  # every request's committed tokens before its anchor, for the lookup tries
+        history = torch.zeros(len(prompts), max(map(len, prompts)) + max_new_tokens + 1, dtype=torch.long,
+                              device=target.device)
+        for i, p in enumerate(prompts):
+            history[i, :len(p)] = torch.tensor(p)
+        hist_lens = [len(p) for p in prompts]
     batched = hasattr(drafter, "draft_batch")
     if batched:
         ctx = ContextKV(_padded_kv(drafter, taps), [len(p) for p in prompts])
@@ -169,8 +175,9 @@ def generate_batch(target: Target, drafter, prompts, max_new_tokens: int = 128, 
         else:
             tb = TreeBatch.from_trees([drafter.draft(states[i], anchors[i], size) for i in active], size,
                                       target.device)
-        if lookup is not None:  # the lookup tries need each request's committed tokens: merged on the host
-            tb = lookup.merge_batch(tb, [prompts[i] + results[i].tokens[:-1] for i in active], size)
+        if lookup is not None:
+            rows = torch.tensor(active, device=target.device)
+            tb = lookup.merge_batch(tb, history[rows], torch.tensor([hist_lens[i] for i in active]), size)
         t1 = time.perf_counter()
         logits, new_taps = bt.verify(tb)
         index, length, bonus = greedy_accept_batch(tb, logits.argmax(-1))
@@ -191,6 +198,9 @@ def generate_batch(target: Target, drafter, prompts, max_new_tokens: int = 128, 
             stop = next((k + 1 for k, t in enumerate(new) if t in eos), len(new))
             new = new[: min(stop, limits[i] - len(results[i].tokens))]
             results[i].tokens.extend(new)
+            if lookup is not None:  # the old anchor and all new tokens but the last are committed now
+                history[i, hist_lens[i]:hist_lens[i] + len(new)] = torch.tensor([anchors[i]] + new[:-1])
+                hist_lens[i] += len(new)
             anchors[i] = new[-1]
             if len(results[i].tokens) < limits[i] and new[-1] not in eos:
                 still.append(i)

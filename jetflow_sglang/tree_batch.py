@@ -67,12 +67,12 @@ class TreeBatch:
         b, n = self.tokens.shape
         dev = self.tokens.device
         up = self.parents.clamp(min=0)  # the root points at itself
-        cur = torch.arange(n, device=dev).expand(b, n)
-        steps = [cur]
-        for _ in range(min(self.depth_bound, n - 1)):
-            cur = up.gather(1, cur)
-            steps.append(cur)
-        anc = torch.stack(steps, 2)
+        steps = min(self.depth_bound, n - 1) + 1
+        anc = torch.stack([torch.arange(n, device=dev).expand(b, n), up], 2)[:, :, :steps]
+        while anc.shape[2] < steps:  # pointer doubling: the (s + L)-th ancestor is the L-th ancestor's s-th
+            jump = anc[:, :, -1]  # the (L - 1)-th ancestor ... composed with `up` gives L
+            far = up.gather(1, jump)  # the L-th ancestor of every node
+            anc = torch.cat([anc, far.gather(1, anc.reshape(b, -1)).view(b, n, -1)], 2)[:, :, :steps]
         valid = torch.arange(anc.shape[2], device=dev) <= self.depths[..., None]
         return anc, valid
 

@@ -1,8 +1,8 @@
 """The head's K/V pool inside SGLang's KV budget.
 
-The worker's HeadKVPool holds one row per target KV slot (head layers x K and V x kv heads x head dim). SGLang sizes
-the target's pool from the memory left after the weights (`--mem-fraction-static` on a GPU) divided by the bytes one
-token costs (the pool configurator's cell size). For EAGLE and DFLASH it adds the draft's per-token bytes there; for
+The worker's HeadKVPool holds one row per target KV slot (head layers x K and V x kv heads x head dim, and the token
+id). SGLang sizes the target's pool from the memory left after the weights (`--mem-fraction-static` on a GPU) divided
+by the bytes one token costs (the pool configurator's cell size). For EAGLE and DFLASH it adds the draft's per-token bytes there; for
 JETFLOW this hook does the same, so the target's pool shrinks by exactly what the head pool will take and the two
 together stay inside the budget. (With `--max-total-tokens` the token count is fixed and the head pool adds its
 bytes on top; the worker logs both.)
@@ -17,8 +17,9 @@ logger = logging.getLogger(__name__)
 
 
 def head_bytes_per_token(head_cfg, dtype: torch.dtype) -> int:
+    """Head layers x K and V x kv heads x head dim in the head's dtype, plus the slot's int32 token id."""
     return int(head_cfg.num_layers) * 2 * int(head_cfg.num_kv_heads) * int(head_cfg.head_dim) * \
-        torch.empty((), dtype=dtype).element_size()
+        torch.empty((), dtype=dtype).element_size() + 4
 
 
 def jetflow_cell_bytes(kvc, draft_path: str | None) -> int:

@@ -6,7 +6,8 @@ Per scheduler step:
            prefix hit finds the head's rows next to the target's.
   decode   draft   one head forward for the whole batch over its paged context -> per-depth top-k -> the batched
                    exact tree builder (tree_batch.build_topb); budget 0 skips the head (plain decoding);
-                   with JETFLOW_LOOKUP each request's prompt-lookup trie is merged in on the host (tree.merge)
+                   with JETFLOW_LOOKUP each request's prompt-lookup trie is merged in, on the device too
+                   (lookup_batch.merge_lookup over the committed tokens the pool keeps per KV slot)
            verify  one TARGET_VERIFY forward of all bs*n nodes under a tree mask built on the device
            accept  greedy and rejection-sampling acceptance on the device (accept.py)
            commit  accepted nodes' target K/V moved to the front of the window, their head K/V written there
@@ -122,7 +123,7 @@ class JetFlowWorker(BaseSpecWorker):
             from ..drafters import HeadDrafter
 
             self.head_drafter = HeadDrafter(self.head, width=self.width, depth=self.depth)
-        self.lookup = None  # JETFLOW_LOOKUP: each request's prompt-lookup trie merged into its head tree, on the host
+        self.lookup = None  # JETFLOW_LOOKUP: each request's prompt-lookup trie merged into its head tree
         if self.head_drafter is not None and self.cfg.lookup:
             from ..drafters import WithLookup
 
@@ -297,7 +298,7 @@ class JetFlowWorker(BaseSpecWorker):
             start = torch.tensor(batch.prefix_lens, device=dev)
             first = torch.cumsum(ext, 0) - ext
             pos = torch.arange(hidden.shape[0], device=dev) - torch.repeat_interleave(first - start, ext)
-            self.pool.write(batch.out_cache_loc, hidden, pos)
+            self.pool.write(batch.out_cache_loc, hidden, pos, batch.input_ids)
         new_seq_lens = batch.seq_lens.clone()
         accept_tokens = torch.zeros(bs, self.n, dtype=torch.int32, device=self.device)
         if bs:
@@ -324,21 +325,17 @@ class JetFlowWorker(BaseSpecWorker):
             return build_topb(anchors, anchors.new_zeros(b, 1, 1), torch.zeros(b, 1, 1, device=self.device), 1)
         if self.head is None:
             return self._draft_host(batch, anchors, budget)
-        toks, lps = self._head_topk(batch, anchors, budget)
+        ctx_lens = batch.seq_lens.to(self.device)  # committed tokens before each anchor
+        max_len = int(batch.seq_lens_cpu.max()) if batch.seq_lens_cpu is not None else int(ctx_lens.max())
+        slots = self.pool.slots(batch.req_to_token_pool.req_to_token, batch.req_pool_indices, ctx_lens, max_len)
+        toks, lps = self.head_drafter.topk_batch(anchors, self.pool.gather(slots), ctx_lens,
+                                                 self.head_drafter.levels(budget))  # only the levels it can reach
         if self.drafter_name == "dflash":  # the head's argmax chain
             toks, lps = toks[:, :, :1], lps[:, :, :1]
         tree = build_topb(anchors, toks, lps, budget)
         if self.lookup is not None:  # at T > 0 the device accept tests a node's first `width` (best) children
-            tree = self.lookup.merge_batch(tree, [_history(r) for r in batch.reqs], budget)
+            tree = self.lookup.merge_batch(tree, self.pool.history(slots), ctx_lens, budget)
         return tree
-
-    def _head_topk(self, batch, anchors, budget: int):
-        """Per-depth top-`width` candidates [b, D, W] of one block forward for all requests, padded over the head K/V
-        pool (a causal head runs only the levels a `budget`-node tree can reach)."""
-        ctx_lens = batch.seq_lens.to(self.device)
-        max_len = int(batch.seq_lens_cpu.max()) if batch.seq_lens_cpu is not None else int(ctx_lens.max())
-        ctx_kv = self.pool.gather(batch.req_to_token_pool.req_to_token, batch.req_pool_indices, ctx_lens, max_len)
-        return self.head_drafter.topk_batch(anchors, ctx_kv, ctx_lens, self.head_drafter.levels(budget))
 
     def _draft_host(self, batch, anchors, budget: int) -> TreeBatch:
         """Head-less drafters (prompt lookup) work on token lists on the host."""
@@ -416,7 +413,7 @@ class JetFlowWorker(BaseSpecWorker):
             loc = batch.req_to_token_pool.req_to_token[batch.req_pool_indices.long()[:, None], pos]
             keep = cols < accept_lens[:, None]  # only accepted rows: the others may hold nothing of this request
             loc = torch.where(keep, loc.long(), torch.zeros_like(loc, dtype=torch.long))  # slot 0 = padding slot
-            self.pool.write(loc.reshape(-1), taps, pos.reshape(-1))
+            self.pool.write(loc.reshape(-1), taps, pos.reshape(-1), tree.tokens.view(-1)[src.reshape(-1)])
         if batch.return_logprob:
             from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 

@@ -195,7 +195,7 @@ def test_head_pool_counts_in_the_kv_budget():
     model = SimpleNamespace(dtype=torch.bfloat16, hf_config=None)
     kvc = lambda name, draft=False: SimpleNamespace(spec_algorithm=SimpleNamespace(name=name),  # noqa: E731
                                                     is_draft_worker=draft, model_config=model)
-    want = hcfg.num_layers * 2 * hcfg.num_kv_heads * hcfg.head_dim * 2
+    want = hcfg.num_layers * 2 * hcfg.num_kv_heads * hcfg.head_dim * 2 + 4  # K/V rows + the int32 token id
     assert head_bytes_per_token(hcfg, torch.bfloat16) == want > 0
     assert jetflow_cell_bytes(kvc("JETFLOW"), HEADS["causal"]) == want
     assert jetflow_cell_bytes(kvc("JETFLOW", draft=True), HEADS["causal"]) == 0
