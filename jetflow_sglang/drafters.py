@@ -94,6 +94,12 @@ class NgramDrafter(ARDrafter):
                 break
         return tree
 
+    def merge_batch(self, tb: TreeBatch, history: torch.Tensor, lens: torch.Tensor, budget: int) -> TreeBatch:
+        """Each request's trie merged into its greedy tree of a batch, on the trees' device: tree.merge([tree, draft])
+        node for node (lookup_batch.merge_lookup). history [b, L] holds each request's committed tokens before its
+        anchor in [:, :lens[i]]; root-only trees give the tries alone, best-first."""
+        return merge_lookup(tb, history, lens, budget, self.n_max, self.n_min, self.max_depth, self.max_matches)
+
 
 class HeadDrafter:
     """Drafts with a JetFlow head. mode: 'tree' (per-depth marginals, top-B tree), 'branch' (every node re-conditioned
@@ -355,10 +361,8 @@ class WithLookup:
         return merge([tree, self.lookup.draft(state, anchor, budget)], budget)
 
     def merge_batch(self, tb: TreeBatch, history: torch.Tensor, lens: torch.Tensor, budget: int) -> TreeBatch:
-        """`draft`'s merge for a batch, on the trees' device (lookup_batch.merge_lookup: the same nodes in the same
-        order): history [b, L] holds each request's committed tokens before its anchor in [:, :lens[i]]."""
-        ng = self.lookup
-        return merge_lookup(tb, history, lens, budget, ng.n_max, ng.n_min, ng.max_depth, ng.max_matches)
+        """`draft`'s merge for a batch of head trees (NgramDrafter.merge_batch)."""
+        return self.lookup.merge_batch(tb, history, lens, budget)
 
 
 def _chain_batch(anchors, tokens, logps, budget: int) -> TreeBatch:

@@ -1,11 +1,11 @@
-"""The head's K/V pool inside SGLang's KV budget.
+"""The drafter's per-slot pools inside SGLang's KV budget.
 
-The worker's HeadKVPool holds one row per target KV slot (head layers x K and V x kv heads x head dim, and the token
-id). SGLang sizes the target's pool from the memory left after the weights (`--mem-fraction-static` on a GPU) divided
-by the bytes one token costs (the pool configurator's cell size). For EAGLE and DFLASH it adds the draft's per-token bytes there; for
-JETFLOW this hook does the same, so the target's pool shrinks by exactly what the head pool will take and the two
-together stay inside the budget. (With `--max-total-tokens` the token count is fixed and the head pool adds its
-bytes on top; the worker logs both.)
+The worker's HeadKVPool holds one row per target KV slot (head layers x K and V x kv heads x head dim), and its
+SlotTokens one int32 token id per slot. SGLang sizes the target's pool from the memory left after the weights
+(`--mem-fraction-static` on a GPU) divided by the bytes one token costs (the pool configurator's cell size). For
+EAGLE and DFLASH it adds the draft's per-token bytes there; for JETFLOW this hook does the same, so the target's pool
+shrinks by exactly what the per-slot pools will take and they all stay inside the budget. (With
+`--max-total-tokens` the token count is fixed and the pools add their bytes on top; the worker logs both.)
 """
 from __future__ import annotations
 
@@ -16,24 +16,28 @@ import torch
 logger = logging.getLogger(__name__)
 
 
+TOKEN_ID_BYTES = 4  # SlotTokens: the int32 token id of every slot (prompt lookup)
+
+
 def head_bytes_per_token(head_cfg, dtype: torch.dtype) -> int:
-    """Head layers x K and V x kv heads x head dim in the head's dtype, plus the slot's int32 token id."""
+    """Head layers x K and V x kv heads x head dim in the head's dtype."""
     return int(head_cfg.num_layers) * 2 * int(head_cfg.num_kv_heads) * int(head_cfg.head_dim) * \
-        torch.empty((), dtype=dtype).element_size() + 4
+        torch.empty((), dtype=dtype).element_size()
 
 
 def jetflow_cell_bytes(kvc, draft_path: str | None) -> int:
-    """Bytes per token the head pool adds for the target worker of a JETFLOW server with a head; 0 otherwise."""
+    """Bytes per token the per-slot pools add for the target worker of a JETFLOW server (head K/V with a head, and
+    the token id); 0 for other algorithms."""
     from .plugin import is_jetflow
 
     if getattr(kvc, "is_draft_worker", False) or not is_jetflow(getattr(kvc.spec_algorithm, "name", None)):
         return 0
     if not draft_path:
-        return 0  # head-less drafters (ngram) have no pool
+        return TOKEN_ID_BYTES  # head-less drafters (ngram) keep only the token ids
     from ..head import read_head_config
 
     cfg, _ = read_head_config(draft_path, kvc.model_config.hf_config)
-    return head_bytes_per_token(cfg, kvc.model_config.dtype)
+    return head_bytes_per_token(cfg, kvc.model_config.dtype) + TOKEN_ID_BYTES
 
 
 def install() -> None:
@@ -50,8 +54,8 @@ def install() -> None:
 
         extra = jetflow_cell_bytes(kvc, getattr(get_spec(), "speculative_draft_model_path", None))
         if extra and self._cell_size:
-            logger.info("JETFLOW: the head K/V pool adds %d bytes per token to the target's %d in the KV budget",
-                        extra, self._cell_size)
+            logger.info("JETFLOW: the per-slot pools (head K/V, token ids) add %d bytes per token to the target's %d "
+                        "in the KV budget", extra, self._cell_size)
             self._cell_size += extra
 
     __init__._jetflow = True

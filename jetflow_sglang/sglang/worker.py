@@ -7,7 +7,8 @@ Per scheduler step:
   decode   draft   one head forward for the whole batch over its paged context -> per-depth top-k -> the batched
                    exact tree builder (tree_batch.build_topb); budget 0 skips the head (plain decoding);
                    with JETFLOW_LOOKUP each request's prompt-lookup trie is merged in, on the device too
-                   (lookup_batch.merge_lookup over the committed tokens the pool keeps per KV slot)
+                   (lookup_batch.merge_lookup over the token ids kept per KV slot: SlotTokens); the head-less
+                   ngram drafter is that trie alone
            verify  one TARGET_VERIFY forward of all bs*n nodes under a tree mask built on the device
            accept  greedy and rejection-sampling acceptance on the device (accept.py)
            commit  accepted nodes' target K/V moved to the front of the window, their head K/V written there
@@ -28,9 +29,9 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
 
 from ..config import JetFlowServerConfig
-from ..tree_batch import TreeBatch, build_topb
+from ..tree_batch import TreeBatch, build_topb, root_only
 from .accept import greedy_path, path_from_last, processed_probs, sample_path, to_sglang
-from .head_pool import HeadKVPool
+from .head_pool import HeadKVPool, SlotTokens, slots_of
 from .penalties import PathPenalties
 from .tp_sync import broadcast_from_rank0, broadcast_object_from_rank0, make_generator
 from .verify_input import JetFlowVerifyInput, verify_tensors
@@ -84,11 +85,6 @@ def _install_server_info_hook() -> None:
     C._add_speculative = _add_speculative
 
 
-def _history(req) -> list[int]:
-    """A request's committed tokens before its anchor (the last output token)."""
-    return list(req.origin_input_ids) + list(req.output_ids[:-1])
-
-
 def _sync(device) -> None:
     if str(device).startswith("cuda"):
         torch.cuda.synchronize()
@@ -111,11 +107,11 @@ class JetFlowWorker(BaseSpecWorker):
         if self.head is not None and self.drafter_name not in BATCHED_HEAD_DRAFTERS:
             raise ValueError(f"JETFLOW_DRAFTER={self.drafter_name} is not available in the batched server; "
                              f"use one of {', '.join(BATCHED_HEAD_DRAFTERS)}")
-        self.host_drafter = None
-        if self.head is None:
-            from ..drafters import make_drafter
+        self.ngram = None  # prompt lookup: merged into the head's trees (JETFLOW_LOOKUP), or the head-less drafter
+        if (self.head is not None and self.cfg.lookup) or (self.head is None and self.cfg.drafter == "ngram"):
+            from ..drafters import NgramDrafter
 
-            self.host_drafter = make_drafter(self.cfg.drafter)
+            self.ngram = NgramDrafter()
         self.depth = self._depth()
         self.width = self.cfg.width
         self.head_drafter = None
@@ -123,11 +119,6 @@ class JetFlowWorker(BaseSpecWorker):
             from ..drafters import HeadDrafter
 
             self.head_drafter = HeadDrafter(self.head, width=self.width, depth=self.depth)
-        self.lookup = None  # JETFLOW_LOOKUP: each request's prompt-lookup trie merged into its head tree
-        if self.head_drafter is not None and self.cfg.lookup:
-            from ..drafters import WithLookup
-
-            self.lookup = WithLookup(self.head_drafter)
         self.capture = CaptureHiddenMode.FULL if self.head is not None else None
         if str(self.device) == "cpu":  # verify GEMMs of batch x tree rows at one weight read (cpu_gemm.py)
             from .cpu_gemm import install
@@ -138,6 +129,7 @@ class JetFlowWorker(BaseSpecWorker):
         self.generator = make_generator(server_args, self.device, offset=0x7E7F)  # the same on every TP rank
         self.stats = StepStats()
         self.pool: HeadKVPool | None = None
+        self.tokens: SlotTokens | None = None
         self.penalties = PathPenalties()
         _install_server_info_hook()
         logger.info("JETFLOW worker: %s depth=%d", self.cfg.describe(), self.depth)
@@ -196,7 +188,7 @@ class JetFlowWorker(BaseSpecWorker):
         if self.head is not None:
             d = self.head.config.block_size - 1
         else:
-            d = getattr(self.host_drafter, "max_depth", self.n - 1)
+            d = self.ngram.max_depth if self.ngram is not None else self.n - 1
         if self.cfg.depth is not None:
             d = min(d, self.cfg.depth)
         return max(1, min(d, self.n - 1)) if self.n > 1 else 1
@@ -211,9 +203,11 @@ class JetFlowWorker(BaseSpecWorker):
     # -- BaseSpecWorker plumbing ------------------------------------------------------------------------------
     def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None):
         self.req_to_token_pool, self.token_to_kv_pool_allocator = self._target_worker.get_memory_pool()
+        kv = self.model_runner.token_to_kv_pool
+        rows = kv.get_key_buffer(kv.start_layer if hasattr(kv, "start_layer") else 0).shape[0]
+        if self.ngram is not None:
+            self.tokens = SlotTokens(rows, self.device)
         if self.head is not None:
-            kv = self.model_runner.token_to_kv_pool
-            rows = kv.get_key_buffer(kv.start_layer if hasattr(kv, "start_layer") else 0).shape[0]
             self.pool = HeadKVPool(self.head, rows, self.device)
             logger.info("JETFLOW head K/V pool: %d slots, %.1f MiB (counted in the KV budget: memory.py)", rows,
                         self.pool.bytes / 2**20)
@@ -225,7 +219,7 @@ class JetFlowWorker(BaseSpecWorker):
         pass
 
     def jetflow_server_info(self) -> dict:
-        out = {**self.stats.snapshot(self.pool), "lookup": self.lookup is not None}
+        out = {**self.stats.snapshot(self.pool), "lookup": self.ngram is not None and self.head is not None}
         if self.adaptive is not None:  # its estimates at the last step's batch size: why it picks what it picks
             out["auto"] = self.adaptive.snapshot(max(1, out["last_batch"]))
         if self.pool is not None:  # head rows in use = target slots in use (running requests + radix cache)
@@ -289,6 +283,8 @@ class JetFlowWorker(BaseSpecWorker):
         res = self.target_worker.forward_batch_generation(batch, pp_proxy_tensors=pp_proxy_tensors,
                                                           capture_hidden_mode=self.capture)
         bs = len(batch.reqs)
+        if self.tokens is not None and batch.forward_mode.is_extend() and bs:
+            self.tokens.write(batch.out_cache_loc, batch.input_ids)
         if self.pool is not None and batch.forward_mode.is_extend() and bs:
             hidden = res.logits_output.hidden_states
             if hidden is None:
@@ -298,7 +294,7 @@ class JetFlowWorker(BaseSpecWorker):
             start = torch.tensor(batch.prefix_lens, device=dev)
             first = torch.cumsum(ext, 0) - ext
             pos = torch.arange(hidden.shape[0], device=dev) - torch.repeat_interleave(first - start, ext)
-            self.pool.write(batch.out_cache_loc, hidden, pos, batch.input_ids)
+            self.pool.write(batch.out_cache_loc, hidden, pos)
         new_seq_lens = batch.seq_lens.clone()
         accept_tokens = torch.zeros(bs, self.n, dtype=torch.int32, device=self.device)
         if bs:
@@ -320,29 +316,23 @@ class JetFlowWorker(BaseSpecWorker):
     @torch.no_grad()
     def _draft(self, batch, budget: int) -> TreeBatch:
         anchors = torch.tensor([r.output_ids[-1] for r in batch.reqs], dtype=torch.long, device=self.device)
-        b = anchors.shape[0]
-        if budget <= 1:  # plain decoding: the root alone, no head forward
-            return build_topb(anchors, anchors.new_zeros(b, 1, 1), torch.zeros(b, 1, 1, device=self.device), 1)
-        if self.head is None:
-            return self._draft_host(batch, anchors, budget)
+        if budget <= 1 or (self.head is None and self.ngram is None):  # plain decoding (the ar drafter always)
+            return root_only(anchors, 1)
         ctx_lens = batch.seq_lens.to(self.device)  # committed tokens before each anchor
         max_len = int(batch.seq_lens_cpu.max()) if batch.seq_lens_cpu is not None else int(ctx_lens.max())
-        slots = self.pool.slots(batch.req_to_token_pool.req_to_token, batch.req_pool_indices, ctx_lens, max_len)
+        slots = slots_of(batch.req_to_token_pool.req_to_token, batch.req_pool_indices, ctx_lens, max_len)
+        tree = root_only(anchors, budget) if self.head is None else self._head_tree(anchors, slots, ctx_lens, budget)
+        if self.ngram is not None:  # at T > 0 the device accept tests a node's first `width` (best) children
+            tree = self.ngram.merge_batch(tree, self.tokens.history(slots), ctx_lens, budget)
+        return tree
+
+    def _head_tree(self, anchors, slots, ctx_lens, budget: int) -> TreeBatch:
+        """One block forward for all requests over their paged context K/V -> per-depth top-k -> exact top-B trees."""
         toks, lps = self.head_drafter.topk_batch(anchors, self.pool.gather(slots), ctx_lens,
                                                  self.head_drafter.levels(budget))  # only the levels it can reach
         if self.drafter_name == "dflash":  # the head's argmax chain
             toks, lps = toks[:, :, :1], lps[:, :, :1]
-        tree = build_topb(anchors, toks, lps, budget)
-        if self.lookup is not None:  # at T > 0 the device accept tests a node's first `width` (best) children
-            tree = self.lookup.merge_batch(tree, self.pool.history(slots), ctx_lens, budget)
-        return tree
-
-    def _draft_host(self, batch, anchors, budget: int) -> TreeBatch:
-        """Head-less drafters (prompt lookup) work on token lists on the host."""
-        from ..drafters import State
-
-        trees = [self.host_drafter.draft(State(tokens=_history(r)), r.output_ids[-1], budget) for r in batch.reqs]
-        return TreeBatch.from_trees(trees, budget=budget, device=self.device)
+        return build_topb(anchors, toks, lps, budget)
 
     # -- verify: one TARGET_VERIFY forward --------------------------------------------------------------------
     @torch.no_grad()
@@ -404,16 +394,18 @@ class JetFlowWorker(BaseSpecWorker):
         bs, n = tree.tokens.shape
         predict, accept_index, accept_lens, _ = to_sglang(tree.tokens, path, bonus, n)
         move_accept_tokens_to_target_kvcache(batch, accept_index, accept_lens - 1, self.token_to_kv_pool_allocator)
-        if self.pool is not None:  # head rows for every window slot; rows past the accepted ones are rewritten later
+        if self.pool is not None or self.tokens is not None:  # per-slot rows of the accepted nodes
             cols = torch.arange(n, device=self.device)[None]
             src = torch.where(accept_index >= 0, accept_index.long(),
-                              (torch.arange(bs, device=self.device) * n)[:, None].expand(bs, n))
-            taps = out.hidden_states[src.reshape(-1)]
+                              (torch.arange(bs, device=self.device) * n)[:, None].expand(bs, n)).reshape(-1)
             pos = batch.seq_lens.long()[:, None] + cols
             loc = batch.req_to_token_pool.req_to_token[batch.req_pool_indices.long()[:, None], pos]
             keep = cols < accept_lens[:, None]  # only accepted rows: the others may hold nothing of this request
-            loc = torch.where(keep, loc.long(), torch.zeros_like(loc, dtype=torch.long))  # slot 0 = padding slot
-            self.pool.write(loc.reshape(-1), taps, pos.reshape(-1), tree.tokens.view(-1)[src.reshape(-1)])
+            loc = torch.where(keep, loc.long(), torch.zeros_like(loc, dtype=torch.long)).reshape(-1)  # 0: padding
+            if self.tokens is not None:
+                self.tokens.write(loc, tree.tokens.view(-1)[src])
+            if self.pool is not None:
+                self.pool.write(loc, out.hidden_states[src], pos.reshape(-1))
         if batch.return_logprob:
             from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 

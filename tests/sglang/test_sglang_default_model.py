@@ -1,6 +1,7 @@
 """The README's serving path on the default target (SmolLM2-135M-Instruct, a Llama): JETFLOW with the shipped head
 reports an average accept length > 1 and stays token-identical to HF greedy. Without the shipped head (not trained
-yet) the same server runs JETFLOW's prompt-lookup drafter, which still checks deep tree acceptance on a real model."""
+yet) the same server runs JETFLOW's prompt-lookup drafter, which still checks deep tree acceptance on a real model;
+a second server always runs that head-less drafter, on a batch of requests."""
 from __future__ import annotations
 
 import os
@@ -81,3 +82,29 @@ def test_chat_prompts_lossless_and_accept_length(default, hf):
     if not shipped:
         pytest.skip(f"no shipped head in jetflow_sglang/heads yet (prompt-lookup accept length here: {avg:.2f})")
     assert avg > 1.0, avg
+
+
+@pytest.fixture(scope="module")
+def lookup_only(default, tmp_path_factory):
+    """The head-less drafter (JETFLOW_DRAFTER=ngram): prompt-lookup tries alone, built for the whole batch on the
+    device from the token ids the server keeps per KV slot."""
+    _, target, _ = default
+    srv = Server(target, ["--dtype", "float32", "--speculative-algorithm", "JETFLOW", "--speculative-num-draft-tokens",
+                          "10"], tmp_path_factory.mktemp("sgl_ngram") / "server.log", env={"JETFLOW_DRAFTER": "ngram"})
+    try:
+        yield srv.wait_ready()
+    finally:
+        srv.stop()
+
+
+def test_headless_lookup_drafter_is_lossless_in_a_batch(lookup_only, hf):
+    from concurrent.futures import ThreadPoolExecutor
+
+    model, tok = hf
+    prompts = [tok(REPEAT).input_ids] + [_chat_ids(tok, t) for t in CHAT[:3]]
+    params = {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}
+    with ThreadPoolExecutor(len(prompts)) as pool:  # one batch: the tries of several requests at once
+        outs = list(pool.map(lambda ids: lookup_only.generate(input_ids=ids, sampling_params=params), prompts))
+    for ids, out in zip(prompts, outs):
+        assert out["output_ids"] == hf_greedy(model, ids, 32, stop_at_eos=False)
+    assert outs[0]["meta_info"]["spec_accept_length"] > 2.0, outs[0]["meta_info"]  # whole repeats accepted
