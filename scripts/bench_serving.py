@@ -30,6 +30,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "sglang"))
 from sgl_server import Server  # noqa: E402  (the same launcher the e2e tests use)
 
+from jetflow_sglang.budget import _cpu_model  # noqa: E402
+
+def _bf16_isa() -> str:
+    """The CPU's native bfloat16 support, which decides the dtype and the verify cost: 'AMX', 'AVX512-BF16' or 'no bf16'."""
+    try:
+        flags = next((ln for ln in open("/proc/cpuinfo") if ln.startswith("flags")), "").split()
+    except OSError:
+        flags = []
+    return "AMX" if "amx_bf16" in flags else "AVX512-BF16" if "avx512_bf16" in flags else "no bf16"
+
+
 CONFIGS = ("nospec", "jetflow-b8", "jetflow-b16", "jetflow-auto", "ngram")  # the default run
 EXTRA = ("jetflow-b1",  # JETFLOW's plain step alone (budget 1: no head forward, a one-node verify)
          "jetflow-b2", "jetflow-b4",  # small fixed trees (what `auto` picks at larger batches)
@@ -282,7 +293,7 @@ def main(argv=None) -> int:
     meta = {"command": " ".join(["python", "scripts/bench_serving.py", *(argv if argv is not None else sys.argv[1:])]),
             "model": model, "head": head, "drafter": drafter, "dtype": dtype, "max_tokens": a.max_tokens,
             "requests_per_level": a.requests, "rounds": a.rounds, "prefix_tokens": a.prefix_tokens, "threads": a.threads,
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or 'CPU'}",
+            "machine": f"{_cpu_model()} ({_bf16_isa()}), {platform.machine()}, {os.cpu_count()} cores",
             "sglang": _version("sglang"), "torch": _version("torch"), "date": time.strftime("%Y-%m-%d %H:%M")}
     print(write_report(out, meta, results, failures))
     return 0
