@@ -384,7 +384,7 @@ def profile_key(target) -> str:
         "accel": torch.cuda.get_device_name(dev) if dev.type == "cuda" else _cpu_model(),
         "threads": torch.get_num_threads(), "torch": torch.__version__,
         # the verify kernels change its cost (rowgemm only takes float32 products)
-        "gemm": "rowgemm-fp32" if rowgemm.enabled(target.model) and target.dtype == torch.float32 else "stock",
+        "gemm": "rowgemm-fp32" if _rowgemm_applies(target) and rowgemm.active() else "stock",
     }
     return json.dumps(fields, sort_keys=True)
 
@@ -474,10 +474,42 @@ def _time_verify(target, sizes: list[int], reps: int) -> dict[int, float]:
     return best
 
 
+def _rowgemm_applies(target) -> bool:
+    import torch
+
+    return rowgemm.enabled(target.model) and target.dtype == torch.float32 and target.device.type == "cpu"
+
+
+def tune_gemm(target, sizes: Sequence[int] = (4, 16), reps: int = 2, cache: bool = True) -> bool:
+    """Keep rowgemm's transposed products only where they make this machine's verify faster: time target.verify at
+    `sizes` both ways (interleaved, best of reps) and keep rowgemm if it takes at most 0.9x the stock time. Once per
+    machine and model (cached beside the cost profiles); only float32 CPU targets, the one case rowgemm takes.
+    Sets rowgemm.activate for the process and returns the choice. Leaves the target's KV cache in a scratch state."""
+    if not _rowgemm_applies(target):
+        return rowgemm.active()
+    rowgemm.activate(True)
+    key = "gemm-choice " + profile_key(target)
+    persist = cache and bool(getattr(target.config, "_name_or_path", ""))
+    stored = _MEMO.get(key) or (_load_profiles().get(key) if persist else None)
+    if not stored:
+        total = {True: 0.0, False: 0.0}
+        for on in (True, False, True, False):  # interleaved, so drift on a busy machine hits both
+            rowgemm.activate(on)
+            total[on] += sum(_time_verify(target, list(sizes), reps).values())
+        stored = {"rowgemm_s": total[True] / 2, "stock_s": total[False] / 2}
+        stored["rowgemm"] = float(stored["rowgemm_s"] <= 0.9 * stored["stock_s"])
+        if cache:
+            _MEMO[key] = stored
+        if persist:
+            _save_profile(key, stored)
+    rowgemm.activate(bool(stored["rowgemm"]))
+    return rowgemm.active()
+
+
 def auto_budget(target, max_budget: int = 256, **kw) -> AdaptiveBudget:
     """The controller engine.generate uses for budget="auto": a measured (or cached) verify-cost prior."""
     return AdaptiveBudget(max_budget=max_budget, cost_prior=measure_cost_prior(target), **kw)
 
 
 __all__ = ["AdaptiveBudget", "LADDER", "MAX_BUDGET", "auto_budget", "interp_cost", "measure_cost_prior",
-           "parse_budget", "profile_key"]
+           "parse_budget", "profile_key", "tune_gemm"]

@@ -12,6 +12,12 @@ with AVX512-BF16, where the same product in float32 was 1.71x / 1.22x / 1.13x fa
     enable(model)    every nn.Linear of the model computes multi-row inputs as W @ X^T (idempotent)
     disable(model)   back to stock nn.Linear.forward (benchmarks time Hugging Face's own paths this way)
     linear(x, w)     the same product for a bare weight (the draft head's reduced-vocabulary projection)
+    activate(on)     take the transposed product at all in this process (default on); `budget.tune_gemm` measures
+                     a real verify both ways once per machine and model and switches it off where it loses
+
+Whether it pays depends on the CPU's BLAS kernels, so the engine measures it rather than assuming it: on a 2-core Intel
+Xeon with AVX-512 and AMX (2026-12-03) it lost at every size, a 4-node float32 verify 79 ms against 51 ms stock and one
+token 34 ms (`bench/results/rowgemm_xeon_amx.md`), where on the AVX2 EPYC above it won 1.3-1.8x.
 """
 from __future__ import annotations
 
@@ -21,6 +27,17 @@ from torch import nn
 
 _FLAG = "_jetflow_rowgemm"
 MAX_ROWS = 1024  # measured up to 256 rows (still ahead there); larger products (training, long prefills) stay stock
+_ACTIVE = True
+
+
+def activate(on: bool) -> None:
+    """Take the transposed product for enabled layers and bare weights (True, the default) or never (False)."""
+    global _ACTIVE
+    _ACTIVE = bool(on)
+
+
+def active() -> bool:
+    return _ACTIVE
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -30,7 +47,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     The result is then a transposed view (strides (1, rows)): torch ops take it as it is, but a kernel that assumes
     row-major memory (SGLang's grammar bitmask, C++ CPU ops) needs contiguous=True (one copy of the output)."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if not 1 < rows <= MAX_ROWS or x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32:
+    if not _ACTIVE or not 1 < rows <= MAX_ROWS or x.device.type != "cpu" or x.dtype != torch.float32 \
+            or weight.dtype != torch.float32:
         return F.linear(x, weight, bias)
     flat = x.reshape(rows, x.shape[-1])
     out = torch.mm(weight, flat.t()) if bias is None else torch.addmm(bias[:, None], weight, flat.t())

@@ -67,6 +67,7 @@ def load_stack(target_dir=None, head_dir=None, dtype="auto", drafter="jetflow", 
     """(Target, Drafter) ready to generate. drafter=None picks the head's kind (causal: jetflow; bidirectional:
     ddtree). Heads are loaded only for drafters that use them. lookup: head drafters also merge prompt-lookup
     continuations into their greedy trees (drafters.WithLookup); drafters without a head ignore it."""
+    from .budget import tune_gemm
     from .target import Target, target_config
 
     check_stack_args(drafter, width, device, tree, depth, dtype)
@@ -82,6 +83,7 @@ def load_stack(target_dir=None, head_dir=None, dtype="auto", drafter="jetflow", 
                              f"{cfg.block_size} slots drafts up to {cfg.block_size - 1} levels); got {depth}")
     head = load_head(wanted) if cfg is not None else None  # its weights are checked before the target is loaded
     target = Target.from_pretrained(target_dir, dtype=dtype, device=device)
+    tune_gemm(target)  # float32 on CPU: keep rowgemm only where this machine's verify measured faster with it
     if head is not None:
         head = attach_head(head, target)
         target.tap_layers = list(head.config.tap_layers)

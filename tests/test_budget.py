@@ -3,6 +3,7 @@ import math
 import random
 
 import pytest
+import torch
 
 from jetflow_sglang.budget import AdaptiveBudget, interp_cost, parse_budget
 
@@ -338,3 +339,44 @@ def test_costs_learnt_under_load_do_not_price_a_smaller_batch(overhead, per_requ
     auto = sum(_server_phases(AdaptiveBudget(max_budget=32, allow_zero=True), history, verify, draft, plain, 0.62, s)
                for s in range(8))
     assert auto <= 1.05 * min(fixed.values()), (auto / min(fixed.values()), fixed)
+
+
+def test_tune_gemm_keeps_rowgemm_only_where_the_verify_measured_faster(tmp_path, monkeypatch):
+    """rowgemm's transposed products won 1.3-1.8x on an AVX2 EPYC and lost on an AVX-512/AMX Xeon: the choice is a
+    measurement of the real verify both ways, cached per machine and model, and a fake timing decides it here."""
+    from jetflow_sglang import budget, rowgemm
+    from tests.helpers import tiny_target
+
+    target = tiny_target(seed=3)
+    target.model.config._name_or_path = "tiny-test-model"
+    monkeypatch.setattr(budget, "_profile_path", lambda: tmp_path / "cost_profile.json")
+    monkeypatch.setattr(budget, "_MEMO", {})
+    calls = []
+
+    def fake(speed_on, speed_off):
+        def timing(tgt, sizes, reps):
+            calls.append(rowgemm.active())
+            return {n: (speed_on if rowgemm.active() else speed_off) * n for n in sizes}
+        return timing
+
+    try:
+        monkeypatch.setattr(budget, "_time_verify", fake(2.0, 1.0))  # rowgemm slower: off
+        assert budget.tune_gemm(target) is False and not rowgemm.active()
+        assert calls.count(True) == calls.count(False) == 2
+        assert budget.profile_key(target).count('"gemm": "stock"') == 1
+        x, w = torch.randn(5, 32), torch.randn(48, 32)
+        assert torch.equal(rowgemm.linear(x, w), torch.nn.functional.linear(x, w))  # stock, bit for bit
+        calls.clear()
+        monkeypatch.setattr(budget, "_MEMO", {})
+        assert budget.tune_gemm(target) is False and calls == []  # the choice is cached on disk
+        monkeypatch.setattr(budget, "_profile_path", lambda: tmp_path / "other.json")
+        monkeypatch.setattr(budget, "_MEMO", {})
+        monkeypatch.setattr(budget, "_time_verify", fake(0.5, 1.0))  # another machine, where rowgemm wins
+        assert budget.tune_gemm(target) is True and rowgemm.active()
+        assert rowgemm.linear(x, w).stride() == (1, 5)
+        monkeypatch.setattr(budget, "_MEMO", {})
+        monkeypatch.setattr(budget, "_time_verify", fake(0.95, 1.0))  # a 5% gain is within noise: off
+        monkeypatch.setattr(budget, "_profile_path", lambda: tmp_path / "third.json")
+        assert budget.tune_gemm(target) is False
+    finally:
+        rowgemm.activate(True)

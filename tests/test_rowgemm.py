@@ -1,10 +1,21 @@
 """rowgemm: multi-row CPU linears as W @ X^T are the same maths as F.linear, one row is bit-identical, and the patch
 comes off again."""
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from jetflow_sglang import rowgemm
+
+
+@pytest.fixture(autouse=True)
+def transposed_on():
+    """These tests check the transposed product's maths; whether it pays is budget.tune_gemm's measurement, which
+    a stack loaded earlier in the same process may have switched off."""
+    was = rowgemm.active()
+    rowgemm.activate(True)
+    yield
+    rowgemm.activate(was)
 
 
 def test_linear_matches_f_linear():
