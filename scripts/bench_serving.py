@@ -32,8 +32,9 @@ from sgl_server import Server  # noqa: E402  (the same launcher the e2e tests us
 
 from jetflow_sglang.budget import _cpu_model  # noqa: E402
 
+
 def _bf16_isa() -> str:
-    """The CPU's native bfloat16 support, which decides the dtype and the verify cost: 'AMX', 'AVX512-BF16' or 'no bf16'."""
+    """The CPU's native bfloat16 support ('AMX', 'AVX512-BF16' or 'no bf16'): it decides the dtype and verify cost."""
     try:
         flags = next((ln for ln in open("/proc/cpuinfo") if ln.startswith("flags")), "").split()
     except OSError:
