@@ -24,6 +24,12 @@ from .tree import DraftTree, best_first, check_budget, merge, per_depth
 from .tree_batch import TreeBatch, build_topb, build_topb_conditioned, root_only
 
 TREES = ("exact", "paper")
+# A request's next tree at budget B runs the levels its last tree at B reached plus this margin (a causal head's first
+# d levels are exact on their own, and the head forward and the vocabulary projection cost grows with the rows). A tree
+# that reaches the last level run is redrafted with every level, so every tree is exactly the one the full block
+# gives: by the builder's tie rule (score, then depth) a node deeper than d never outranks its depth-d ancestor, so a
+# top-B tree without a depth-d node has none deeper either. At B=16 the SmolLM2 head's trees reach depth 2-5 of 15.
+HORIZON_MARGIN = 2
 
 
 @dataclass
@@ -125,6 +131,8 @@ class HeadDrafter:
         self.block = block  # mask slots per forward (the trained block)
         self.depth = depth or block  # deepest drafted level
         self.lm_weight = head.lm_weight().detach().contiguous()  # gathered once for a reduced vocab
+        self.kv_weight = head.fused_kv_weight()  # the context rows' K/V of every layer in one GEMM
+        self.fused = [layer.fused_weights() for layer in head.layers]  # q|k|v and gate|up: one GEMM each per layer
         self.vocab_ids = head.vocab_ids
         self.vocab_size = head.config.target["vocab_size"]
         self.width = min(width, self.vocab_ids.shape[0])
@@ -134,6 +142,12 @@ class HeadDrafter:
     def eager(self) -> bool:
         return self.tree_kind == "paper"
 
+    @property
+    def truncates(self) -> bool:
+        """Whether `draft` may run fewer levels than the budget allows (see HORIZON_MARGIN): a causal head's first d
+        levels are exact on their own; a bidirectional block and a chain (which uses every level) always run whole."""
+        return self.head.config.causal and self.mode != "chain"
+
     # -- context ---------------------------------------------------------------------------------------------
     def context_kv(self, taps, start) -> list:
         """taps [b, m, n_taps*H] (or [m, ...]) at positions start + (0..m-1) -> per-layer (k, v) [b, Hkv, m, D]."""
@@ -142,7 +156,7 @@ class HeadDrafter:
             taps = taps[None]
         start = torch.as_tensor(start, device=self.device).view(-1, 1)
         pos = start + torch.arange(taps.shape[1], device=self.device)
-        return self.head.context_kv(taps, pos.expand(taps.shape[0], -1))
+        return self.head.context_kv(taps, pos.expand(taps.shape[0], -1), self.kv_weight)
 
     @torch.no_grad()
     def new_state(self, prompt_ids, taps) -> State:
@@ -168,7 +182,7 @@ class HeadDrafter:
 
     def _logprobs(self, tokens, positions, mask, ctx_kv, rows: slice) -> torch.Tensor:
         """Draft log-probs of the slots in `rows` (the vocabulary projection runs on those rows only)."""
-        hidden = self.head(tokens, positions, ctx_kv, mask)[:, rows]
+        hidden = self.head(tokens, positions, ctx_kv, mask, self.fused)[:, rows]
         return self.head.logits(hidden, self.lm_weight).float().log_softmax(-1)
 
     def levels(self, budget: int) -> int:
@@ -282,12 +296,21 @@ class HeadDrafter:
             return DraftTree.root(anchor)
         ctx_kv, lens = self._one(state)
         anchors = torch.tensor([int(anchor)], device=self.device)
-        lp = self.block_logprobs_batch(anchors, ctx_kv, lens, self.levels(budget))
+        full = self.levels(budget)
+        horizons = state.extra.setdefault("horizon", {})
+        levels = min(full, horizons.get(budget, full)) if self.truncates else full
+        while True:  # at most twice: a tree that reaches the last level run is redrafted with every level
+            lp = self.block_logprobs_batch(anchors, ctx_kv, lens, levels)
+            # Sampling: the shape comes from the greedy marginal tree and is fixed before any token is drawn.
+            shape = self._trees(anchors, lp, ctx_kv, lens, budget) if temperature <= 0 or self.mode == "chain" \
+                or self.eager else build_topb(anchors, *self._topk(lp), budget)
+            reached = int(shape.depths[0, :int(shape.sizes[0])].max())
+            if levels >= full or reached < levels:
+                break
+            levels = full
+        horizons[budget] = reached + HORIZON_MARGIN
         if temperature <= 0:
-            return self._trees(anchors, lp, ctx_kv, lens, budget).tree(0)
-        # Sampling: the shape comes from the greedy marginal tree and is fixed before any token is drawn.
-        shape = self._trees(anchors, lp, ctx_kv, lens, budget) if self.mode == "chain" or self.eager else \
-            build_topb(anchors, *self._topk(lp), budget)
+            return shape.tree(0)
         q = [self._dense(qd) for qd in (lp[0] / temperature).softmax(-1)]
         tree = resample(shape.tree(0), q, generator)
         if self.mode == "branch" and len(tree) > 1:

@@ -93,6 +93,40 @@ def test_small_budgets_run_a_shorter_block_with_the_same_draft(causal):
         assert torch.equal(got.tokens, want.tokens) and torch.equal(got.parents, want.parents)
 
 
+
+@pytest.mark.parametrize("name,tree", [("jetflow", "exact"), ("jetflow", "paper"), ("jetflow-branch", "exact"),
+                                       ("jetflow-branch", "paper")])
+def test_a_drafting_horizon_gives_the_full_block_tree(name, tree, monkeypatch):
+    """`draft` runs only the levels a request's last tree reached (+ a margin) and redrafts with every level when the
+    tree reaches the last one: every tree equals the full block's, whatever horizon it started from."""
+    model = tiny_model("llama")
+    head = tiny_head(model, draft_vocab_size=48)
+    drafter = make_drafter(name, head, None, width=3, tree=tree)
+    runs = []
+    real = drafter.block_logprobs_batch
+    monkeypatch.setattr(drafter, "block_logprobs_batch", lambda *a: runs.append(a[3]) or real(*a))
+    gen = torch.Generator().manual_seed(5)
+    outcomes = set()
+    for case in range(12):
+        n = 4 + case
+        taps = torch.randn(n, len(head.config.tap_layers) * head.config.hidden_size, generator=gen)
+        prompt = torch.randint(0, 64, (n,), generator=gen).tolist()
+        for budget in (3, 8, 24, 40):
+            full = drafter.levels(budget)
+            want = drafter.draft(drafter.new_state(prompt, taps), prompt[-1], budget)  # a new state runs every level
+            for start in sorted({1, 2, 3, full}):
+                state = drafter.new_state(prompt, taps)
+                state.extra["horizon"] = {budget: start}
+                runs.clear()
+                got = drafter.draft(state, prompt[-1], budget)
+                assert (got.tokens, got.parents) == (want.tokens, want.parents), (case, budget, start)
+                reached = max(got.depths)
+                assert state.extra["horizon"][budget] == reached + 2  # the next tree's levels
+                first = min(start, full)
+                assert runs == ([first, full] if first < full and reached >= first else [first])
+                outcomes.add((first < full, reached >= first))
+    assert {(True, True), (True, False)} <= outcomes  # both a redraft and a kept short tree were exercised
+
 def test_logits_of_a_block_slice_match_a_fresh_tensor():
     """[:, 1:] of a block keeps its outer stride; logits() must give the same values through its 2-D GEMM."""
     model = tiny_model("llama")
@@ -102,3 +136,27 @@ def test_logits_of_a_block_slice_match_a_fresh_tensor():
     got = head.logits(hidden[:, 1:6], w)
     assert got.shape == (3, 5, 40)
     torch.testing.assert_close(got, torch.einsum("bsd,vd->bsv", hidden[:, 1:6], w))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_fused_weights_give_the_same_context_kv_and_block(family):
+    """Drafters project the context rows of every layer with one stacked GEMM (qk-norm per layer for Qwen3), and a
+    block's q|k|v and gate|up with one GEMM each per layer: the same numbers as the separate projections."""
+    model = tiny_model(family)
+    head = tiny_head(model)
+    taps = torch.randn(2, 7, len(head.config.tap_layers) * head.config.hidden_size,
+                       generator=torch.Generator().manual_seed(4))
+    pos = torch.tensor([[0], [5]]) + torch.arange(7)
+    want = head.context_kv(taps, pos)
+    got = head.context_kv(taps, pos, head.fused_kv_weight())
+    assert len(got) == len(want) == head.config.num_layers
+    for (gk, gv), (wk, wv) in zip(got, want):
+        assert gk.shape == wk.shape and gv.shape == wv.shape
+        torch.testing.assert_close(gk, wk, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(gv, wv, atol=1e-5, rtol=1e-5)
+    tokens = torch.tensor([[3] + [MASK] * 5, [9] + [MASK] * 5])
+    bpos = torch.tensor([[7], [12]]) + torch.arange(6)
+    mask = torch.ones(2, 6, 7 + 6, dtype=torch.bool)
+    mask[:, :, 7:] = head.block_mask(0, 6)
+    fused = [layer.fused_weights() for layer in head.layers]
+    torch.testing.assert_close(head(tokens, bpos, got, mask, fused), head(tokens, bpos, want, mask), atol=1e-5, rtol=1e-5)

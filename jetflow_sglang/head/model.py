@@ -71,15 +71,37 @@ class DraftLayer(nn.Module):
         v = self._heads(self.v_proj(x), self.cfg.num_kv_heads)
         return rotate(k, cos_sin), v
 
-    def forward(self, h, cos_sin, ctx_k, ctx_v, mask):
+    def qkv(self, x: torch.Tensor, cos_sin, weight: torch.Tensor | None = None):
+        """Rotated queries, rotated keys and values of normalised rows x [B, S, d]. weight (inference): the three
+        projections stacked (`fused_weights()[0]`), one GEMM."""
+        if weight is None:
+            return (rotate(self.q_norm(self._heads(self.q_proj(x), self.cfg.num_heads)), cos_sin),) + self.kv(x, cos_sin)
+        cfg = self.cfg
+        q, k, v = rowgemm.linear(x, weight).split([cfg.num_heads * cfg.head_dim] + [cfg.num_kv_heads * cfg.head_dim] * 2, -1)
+        q, k = self.q_norm(self._heads(q, cfg.num_heads)), self.k_norm(self._heads(k, cfg.num_kv_heads))
+        return rotate(q, cos_sin), rotate(k, cos_sin), self._heads(v, cfg.num_kv_heads)
+
+    def mlp(self, x: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+        """SwiGLU of normalised rows; weight (inference): gate_proj and up_proj stacked (`fused_weights()[1]`)."""
+        if weight is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = rowgemm.linear(x, weight).chunk(2, -1)
+        return self.down_proj(F.silu(gate) * up)
+
+    def fused_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q, k, v projections stacked; gate and up stacked) for inference: fewer, larger GEMMs per draft forward,
+        where each op costs more than its FLOPs. Copies: make them again after the weights change."""
+        return (torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]).detach(),
+                torch.cat([self.gate_proj.weight, self.up_proj.weight]).detach())
+
+    def forward(self, h, cos_sin, ctx_k, ctx_v, mask, fused: tuple | None = None):
+        qkv_w, mlp_w = fused or (None, None)
         x = self.input_layernorm(h)
-        q = rotate(self.q_norm(self._heads(self.q_proj(x), self.cfg.num_heads)), cos_sin)
-        k, v = self.kv(x, cos_sin)
+        q, k, v = self.qkv(x, cos_sin, qkv_w)
         k, v = torch.cat([ctx_k, k], 2), torch.cat([ctx_v, v], 2)
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], enable_gqa=self.cfg.num_heads != self.cfg.num_kv_heads)
         h = h + self.o_proj(o.transpose(1, 2).flatten(2))
-        x = self.post_attention_layernorm(h)
-        return h + self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return h + self.mlp(self.post_attention_layernorm(h), mlp_w)
 
 
 class JetFlowHead(nn.Module):
@@ -121,18 +143,38 @@ class JetFlowHead(nn.Module):
         return w
 
     # -- forward ---------------------------------------------------------------------------------------------
-    def context_kv(self, taps: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """taps [B, T, n_taps*H] of committed rows -> per-layer (k, v) [B, Hkv, T, D]."""
+    def context_kv(self, taps: torch.Tensor, positions: torch.Tensor,
+                   kv_weight: torch.Tensor | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """taps [B, T, n_taps*H] of committed rows -> per-layer (k, v) [B, Hkv, T, D].
+
+        kv_weight (inference): `fused_kv_weight()`, so every layer's keys and values come from one GEMM and one RoPE
+        (the same maths; drafters call this every round with a few rows, where each extra op costs more than its FLOPs)."""
         c = self.hidden_norm(self.fc(taps.to(self.fc.weight.dtype)))
         cos_sin = self.rope(positions)
-        return [layer.kv(c, cos_sin) for layer in self.layers]
+        if kv_weight is None:
+            return [layer.kv(c, cos_sin) for layer in self.layers]
+        cfg, n = self.config, len(self.layers)
+        b, t, _ = c.shape
+        kv = rowgemm.linear(c, kv_weight).view(b, t, n, 2, cfg.num_kv_heads, cfg.head_dim)
+        keys = kv[:, :, :, 0].permute(0, 2, 3, 1, 4)  # [B, L, Hkv, T, D]
+        if cfg.qk_norm:
+            keys = torch.stack([layer.k_norm(keys[:, i]) for i, layer in enumerate(self.layers)], 1)
+        keys = rotate(keys.reshape(b, n * cfg.num_kv_heads, t, cfg.head_dim), cos_sin).view(b, n, cfg.num_kv_heads, t, -1)
+        values = kv[:, :, :, 1].permute(0, 2, 3, 1, 4)
+        return [(keys[:, i], values[:, i]) for i in range(n)]
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, ctx_kv, mask: torch.Tensor) -> torch.Tensor:
-        """tokens/positions [B, S]; mask [B, S, T_ctx + S] bool (True = attend). Returns normed hidden [B, S, d]."""
+    def fused_kv_weight(self) -> torch.Tensor:
+        """Every layer's k_proj and v_proj stacked into one [L * 2 * Hkv * D, d] weight (a copy: refresh after training)."""
+        return torch.cat([w for layer in self.layers for w in (layer.k_proj.weight, layer.v_proj.weight)]).detach()
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, ctx_kv, mask: torch.Tensor,
+                fused=None) -> torch.Tensor:
+        """tokens/positions [B, S]; mask [B, S, T_ctx + S] bool (True = attend). Returns normed hidden [B, S, d].
+        fused (inference): each layer's `fused_weights()`."""
         h = self.embed(tokens)
         cos_sin = self.rope(positions)
-        for layer, (k, v) in zip(self.layers, ctx_kv):
-            h = layer(h, cos_sin, k, v, mask)
+        for layer, (k, v), f in zip(self.layers, ctx_kv, fused or [None] * len(self.layers)):
+            h = layer(h, cos_sin, k, v, mask, f)
         return self.norm(h)
 
     def rope(self, positions: torch.Tensor):

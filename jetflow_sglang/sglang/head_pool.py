@@ -45,6 +45,7 @@ class HeadKVPool:
     def __init__(self, head, size: int, device, dtype=None):
         cfg = head.config
         self.head = head
+        self.kv_weight = head.fused_kv_weight()  # every head layer's K/V of the new rows in one GEMM
         self.size = int(size)
         self.layers = cfg.num_layers
         dtype = dtype or head.fc.weight.dtype
@@ -61,7 +62,7 @@ class HeadKVPool:
         """Head K/V of committed rows: loc [N] slots, taps [N, n_taps * hidden], positions [N] (token positions)."""
         if loc.numel() == 0:
             return
-        kv = self.head.context_kv(taps[None], positions[None].to(taps.device))
+        kv = self.head.context_kv(taps[None], positions[None].to(taps.device), self.kv_weight)
         loc = loc.long()
         for layer, (k, v) in enumerate(kv):
             self.k[layer][loc] = k[0].transpose(0, 1).to(self.k[layer].dtype)
