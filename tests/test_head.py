@@ -159,4 +159,5 @@ def test_fused_weights_give_the_same_context_kv_and_block(family):
     mask = torch.ones(2, 6, 7 + 6, dtype=torch.bool)
     mask[:, :, 7:] = head.block_mask(0, 6)
     fused = [layer.fused_weights() for layer in head.layers]
-    torch.testing.assert_close(head(tokens, bpos, got, mask, fused), head(tokens, bpos, want, mask), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(head(tokens, bpos, got, mask, fused), head(tokens, bpos, want, mask),
+                               atol=1e-5, rtol=1e-5)

@@ -75,9 +75,11 @@ class DraftLayer(nn.Module):
         """Rotated queries, rotated keys and values of normalised rows x [B, S, d]. weight (inference): the three
         projections stacked (`fused_weights()[0]`), one GEMM."""
         if weight is None:
-            return (rotate(self.q_norm(self._heads(self.q_proj(x), self.cfg.num_heads)), cos_sin),) + self.kv(x, cos_sin)
+            q = rotate(self.q_norm(self._heads(self.q_proj(x), self.cfg.num_heads)), cos_sin)
+            return (q,) + self.kv(x, cos_sin)
         cfg = self.cfg
-        q, k, v = rowgemm.linear(x, weight).split([cfg.num_heads * cfg.head_dim] + [cfg.num_kv_heads * cfg.head_dim] * 2, -1)
+        kv_width = cfg.num_kv_heads * cfg.head_dim
+        q, k, v = rowgemm.linear(x, weight).split([cfg.num_heads * cfg.head_dim, kv_width, kv_width], -1)
         q, k = self.q_norm(self._heads(q, cfg.num_heads)), self.k_norm(self._heads(k, cfg.num_kv_heads))
         return rotate(q, cos_sin), rotate(k, cos_sin), self._heads(v, cfg.num_kv_heads)
 
@@ -148,7 +150,7 @@ class JetFlowHead(nn.Module):
         """taps [B, T, n_taps*H] of committed rows -> per-layer (k, v) [B, Hkv, T, D].
 
         kv_weight (inference): `fused_kv_weight()`, so every layer's keys and values come from one GEMM and one RoPE
-        (the same maths; drafters call this every round with a few rows, where each extra op costs more than its FLOPs)."""
+        (the same maths; drafters call this every round with a few rows, where each op costs more than its FLOPs)."""
         c = self.hidden_norm(self.fc(taps.to(self.fc.weight.dtype)))
         cos_sin = self.rope(positions)
         if kv_weight is None:
@@ -159,12 +161,14 @@ class JetFlowHead(nn.Module):
         keys = kv[:, :, :, 0].permute(0, 2, 3, 1, 4)  # [B, L, Hkv, T, D]
         if cfg.qk_norm:
             keys = torch.stack([layer.k_norm(keys[:, i]) for i, layer in enumerate(self.layers)], 1)
-        keys = rotate(keys.reshape(b, n * cfg.num_kv_heads, t, cfg.head_dim), cos_sin).view(b, n, cfg.num_kv_heads, t, -1)
+        keys = rotate(keys.reshape(b, n * cfg.num_kv_heads, t, cfg.head_dim), cos_sin)
+        keys = keys.view(b, n, cfg.num_kv_heads, t, cfg.head_dim)
         values = kv[:, :, :, 1].permute(0, 2, 3, 1, 4)
         return [(keys[:, i], values[:, i]) for i in range(n)]
 
     def fused_kv_weight(self) -> torch.Tensor:
-        """Every layer's k_proj and v_proj stacked into one [L * 2 * Hkv * D, d] weight (a copy: refresh after training)."""
+        """Every layer's k_proj and v_proj stacked into one [L * 2 * Hkv * D, d] weight (a copy: make it again after
+        the weights change)."""
         return torch.cat([w for layer in self.layers for w in (layer.k_proj.weight, layer.v_proj.weight)]).detach()
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, ctx_kv, mask: torch.Tensor,
