@@ -16,9 +16,12 @@ The best budget maximises tokens per second: batch * tau(b) / (t_draft(b) + t_ve
   observed budget) beats the current best by the hysteresis margin, so exploration stops once it is ruled out
   (regret grows like log(rounds)), and only while the time exploration lost against the best budget so far stays
   under EXPLORE_FRAC of the elapsed time (plus one round): a ledger that bounds the loss against plain decoding even
-  when the confidence bounds are too optimistic. The current budget is kept unless another one is better by the
-  hysteresis margin, except against plain decoding: a tree is kept only while it is estimated to beat it (staying
-  on a tree within the margin would lose up to the margin against plain decoding on every round).
+  when the confidence bounds are too optimistic. Rounds of plain decoding age what the trees taught (their counts
+  in the confidence width decay per plain round): an unlucky start that sent auto to plain decoding is retried after a
+  few rounds instead of once log(rounds) has grown enough (up to 65 rounds in a simulated chat opening).
+  The current budget is kept unless another one is better by the hysteresis margin, except against plain decoding:
+  a tree is kept only while it is estimated to beat it (staying on a tree within the margin would lose up to the
+  margin against plain decoding on every round).
 - The plain step (the lowest rung) is never priced by extrapolation alone: while the best budget is a tree, one plain
   round is run whenever this batch size has no measurement of it younger than PROBE_EVERY rounds (under the same
   ledger; a measured cost prior stands in for the first PROBE_EVERY rounds). A prior that is wrong in shape (the
@@ -126,6 +129,7 @@ class AdaptiveBudget:
         self.verify_at: dict[tuple[int, int], int] = {}  # the same keys -> round of its last measurement
         self.draft_s: dict[tuple[int, int], float] = {}  # (rung, bucket of batch) -> decayed mean seconds of a draft
         self.t = 0  # rounds observed
+        self.tree_at = 0  # the last round that verified a tree of 2 or more nodes
         self.current: int | None = None
         self.explored = 0  # rounds spent on exploration (for tests and reports)
         self.elapsed = 0.0  # seconds of all observed rounds
@@ -138,7 +142,7 @@ class AdaptiveBudget:
         if b <= 1:
             return 1.0
         rung = self._rung(b)
-        if self.inc[rung].w <= 0.5:
+        if self.inc[rung].n == 0:
             return None
         return 1.0 + sum(a.mean for r, a in self.inc.items() if r <= rung)
 
@@ -198,7 +202,7 @@ class AdaptiveBudget:
         return self.draft_cost(b, batch) + (self.cost_lower if optimistic else self.cost)(batch * b, batch)
 
     def _largest_observed(self) -> int | None:
-        seen = [b for b, a in self.inc.items() if a.w > 0.5]
+        seen = [b for b, a in self.inc.items() if a.n > 0]
         return max(seen) if seen else None
 
     def tau_optimistic(self, b: int) -> float:
@@ -211,12 +215,15 @@ class AdaptiveBudget:
         rung, top = self._rung(b), self._largest_observed()
         if top is None:
             return 1 + PRIOR_SLOPE * math.log2(b) + UCB_C * math.sqrt(logt)
+        # plain rounds teach nothing about trees: each one ages what the trees taught (discounted UCB), so an
+        # unlucky start that sent auto to plain decoding is tried again after a few rounds, not after hundreds
+        age = self.decay ** (self.t - self.tree_at)
+        width = lambda a: UCB_C * max(a.std, GAIN_SD_FLOOR) * math.sqrt(logt / max(1e-3, a.n * age))  # noqa: E731
         if rung <= top:
-            a = self.inc[rung]
-            return self.tau(rung) + UCB_C * max(a.std, GAIN_SD_FLOOR) * math.sqrt(logt / a.n)
+            return self.tau(rung) + width(self.inc[rung])
         a = self.inc[top]
         steps = sum(1 for r in self.inc if top < r <= rung)
-        return self.tau(top) + steps * (a.mean + UCB_C * max(a.std, GAIN_SD_FLOOR) * math.sqrt(logt / a.n))
+        return self.tau(top) + steps * (a.mean + width(a))
 
     def rate(self, b: int, batch: int = 1, optimistic: bool = False) -> float | None:
         tau = self.tau_optimistic(b) if optimistic else self.tau(b)
@@ -329,6 +336,8 @@ class AdaptiveBudget:
             now = [1 + sum(1 for i in path[1:] if i < b) for path in paths]
             gain.add([x - y for x, y in zip(now, prev)], self.decay)
             prev = now
+        if budget >= 2:
+            self.tree_at = self.t
         if budget <= self.ladder[0]:
             self.plain_at[_bucket(batch)] = self.t
         if verify_s > 0:
@@ -425,7 +434,7 @@ def _save_profile(key: str, prof: dict[int, float]) -> None:
         pass  # a read-only cache only costs a re-measurement next time
 
 
-def measure_cost_prior(target, sizes: Sequence[int] = PRIOR_SIZES, reps: int = 3, cache: bool = True,
+def measure_cost_prior(target, sizes: Sequence[int] = PRIOR_SIZES, reps: int = 5, cache: bool = True,
                        refresh: bool = False) -> dict[int, float]:
     """{tree size: seconds} of target.verify (min of reps, sizes interleaved) after a short prefill.
 
@@ -449,7 +458,7 @@ def measure_cost_prior(target, sizes: Sequence[int] = PRIOR_SIZES, reps: int = 3
     return prof
 
 
-def _time_verify(target, sizes: list[int], reps: int) -> dict[int, float]:
+def _time_verify(target, sizes: list[int], reps: int, warmup: int = 2) -> dict[int, float]:
     import torch
 
     from .tree import DraftTree
@@ -459,7 +468,7 @@ def _time_verify(target, sizes: list[int], reps: int) -> dict[int, float]:
     sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
     target.prefill(prompt)
     best = {n: float("inf") for n in sizes}
-    for rep in range(reps + 1):  # rep 0 warms up (allocations, kernel selection) and is not counted
+    for rep in range(-warmup, reps):  # warm-up passes (allocations, kernel selection, clocks) are not counted
         for n in sizes:
             tree = DraftTree.root(prompt[-1])
             for i in range(1, n):
@@ -468,7 +477,7 @@ def _time_verify(target, sizes: list[int], reps: int) -> dict[int, float]:
             t0 = time.perf_counter()
             target.verify(tree)
             sync()
-            if rep:
+            if rep >= 0:
                 best[n] = min(best[n], time.perf_counter() - t0)
             target.commit([0])
     return best
