@@ -106,7 +106,7 @@ def cmd_generate(a) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     target, drafter = load_stack(a.target, a.head, a.dtype, a.drafter, a.width, a.device, tree=a.tree, depth=a.depth,
-                                 lookup=a.lookup)
+                                 lookup=a.lookup, exact=a.exact)
     ids = target.encode_chat(a.prompt) if not a.raw else target.tokenizer.encode(a.prompt)
     target.check_prompt(ids)
     eos = target.eos_ids()
@@ -140,7 +140,7 @@ def cmd_generate(a) -> int:
     base = getattr(drafter, "base", drafter)  # the head drafter under a WithLookup
     summary = {
         "text": text, "tokens": res.tokens, "drafter": base.name, "budget": a.budget, "dtype": str(target.dtype).removeprefix("torch."),
-        "tree": a.tree, "depth": getattr(base, "depth", None),
+        "tree": a.tree, "depth": getattr(base, "depth", None), "exact_rows": target.exact,
         "lookup": hasattr(drafter, "lookup"),
         "temperature": a.temperature, "new_tokens": len(res.tokens), "verify_steps": res.steps,
         "tau": round(res.tau, 4), "tokens_per_s": round(res.tokens_per_s, 3),
@@ -152,7 +152,9 @@ def cmd_generate(a) -> int:
     }
     out.write("\n")
     budget = f"auto (mean {summary['mean_budget']:.1f})" if a.budget == "auto" else a.budget
-    stats = f"[jetflow] {drafter.name} budget={budget}: {len(res.tokens)} tokens, tau={res.tau:.2f}, {res.tokens_per_s:.1f} tok/s"
+    rows = ", exact rows" if target.exact else ""
+    stats = (f"[jetflow] {drafter.name} budget={budget} ({summary['dtype']}{rows}): {len(res.tokens)} tokens, "
+             f"tau={res.tau:.2f}, {res.tokens_per_s:.1f} tok/s")
     if ar:
         stats += f", AR {ar.tokens_per_s:.1f} tok/s, speedup {summary['speedup_vs_ar']:.2f}x"
         if summary["lossless"]:
@@ -195,8 +197,11 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=finite_float, default=1.0)
     g.add_argument("--max-new-tokens", type=positive_int, default=128)
     g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float16"],
-                   help="auto (default): bfloat16 on CUDA or a CPU with native bf16 (AVX512-BF16/AMX), else float32. bfloat16 may "
-                        "round a near-tie differently in a batched verify; float32 greedy is bit-identical to AR")
+                   help="auto (default): bfloat16 on CUDA or a CPU with native bf16 (AVX512-BF16/AMX), else float32")
+    g.add_argument("--exact", choices=["on", "off"], default="off",
+                   help="on (CPU): every verify row rounds exactly as a one-token step does, so greedy output is "
+                        "token-identical to plain decoding in bfloat16 too, whatever the budget, for about 1.4x the "
+                        "verify cost; off (default): bfloat16 may round a near-tie differently in a verify (float32 agrees)")
     g.add_argument("--target", help="HF model folder (default: SmolLM2-135M-Instruct, converted on first use)")
     g.add_argument("--head", help=f"draft head folder: this project's format, a JetFlow release or a DFlash release "
                                   f"(default: {DEFAULT_HEAD_DIR})")

@@ -235,20 +235,28 @@ def _keep(bt: BatchTarget, ctx: ContextKV | None, before: list[int], after: list
 @torch.no_grad()
 def autoregressive(target: Target, prompt_ids, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
                    top_p: float = 1.0, eos_ids=(), seed: int = 0) -> Result:
-    """Plain decoding with the HF model and its own causal masking: the reference for losslessness and speed."""
+    """Plain decoding, one token per forward: the reference for losslessness and speed. The HF model with its own
+    causal masking, or with exact rows (exact.py) the target's one-node verify, which rounds as verify rows do."""
     _check(target, prompt_ids, max_new_tokens, temperature, top_k, top_p)
     gen = torch.Generator().manual_seed(seed)
     eos = set(eos_ids)
     max_new_tokens = min(max_new_tokens, target.max_length - len(prompt_ids))
     cache = DynamicCache(config=target.config)
-    ids = torch.tensor([list(prompt_ids)], device=target.device)
     out: list[int] = []
     t0 = time.perf_counter()
-    while len(out) < max_new_tokens:
-        logits = target.model(input_ids=ids, past_key_values=cache, use_cache=True,
-                              logits_to_keep=1).logits[0, -1].float()
-        out.append(_pick(logits, temperature, top_k, top_p, gen))
-        if out[-1] in eos:
+    if target.exact:
+        logits = target.prefill(list(prompt_ids))[0][-1]
+    else:
+        ids = torch.tensor([list(prompt_ids)], device=target.device)
+        logits = target.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+    while True:
+        out.append(_pick(logits.float(), temperature, top_k, top_p, gen))
+        if out[-1] in eos or len(out) >= max_new_tokens:
             break
-        ids = torch.tensor([[out[-1]]], device=target.device)
+        if target.exact:
+            logits = target.verify(DraftTree.root(out[-1]))[0][0]
+            target.commit([0])
+        else:
+            ids = torch.tensor([[out[-1]]], device=target.device)
+            logits = target.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
     return Result(list(prompt_ids), out, elapsed_s=time.perf_counter() - t0)

@@ -41,12 +41,17 @@ def active() -> bool:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           contiguous: bool = False) -> torch.Tensor:
+           contiguous: bool = False, min_rows: int = 1) -> torch.Tensor:
     """F.linear(x, weight, bias); rows > 1 on CPU as W @ X^T (a different rounding order, not different maths).
 
     The result is then a transposed view (strides (1, rows)): torch ops take it as it is, but a kernel that assumes
-    row-major memory (SGLang's grammar bitmask, C++ CPU ops) needs contiguous=True (one copy of the output)."""
+    row-major memory (SGLang's grammar bitmask, C++ CPU ops) needs contiguous=True (one copy of the output).
+    min_rows > 1: fewer rows are padded with zero rows, so BLAS takes the same kernel (and rounding) for every row
+    count (`exact` rows)."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if 0 < rows < min_rows:
+        flat = torch.nn.functional.pad(x.reshape(rows, x.shape[-1]), (0, 0, 0, min_rows - rows))
+        return linear(flat, weight, bias, contiguous)[:rows].reshape(*x.shape[:-1], weight.shape[0])
     if not _ACTIVE or not 1 < rows <= MAX_ROWS or x.device.type != "cpu" or x.dtype != torch.float32 \
             or weight.dtype != torch.float32:
         return F.linear(x, weight, bias)
@@ -57,7 +62,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return linear(x, self.weight, self.bias)
+    return linear(x, self.weight, self.bias, min_rows=getattr(self, "_jetflow_min_rows", 1))
 
 
 def enable(model: nn.Module) -> nn.Module:

@@ -13,6 +13,7 @@ from .head import BIDIRECTIONAL_DRAFTERS, attach_head, drafter_for, load_head, r
 from .paths import DEFAULT_HEAD_DIR, bidir_dir, default_paths, resolve_dir
 
 TREES = ("exact", "paper")
+EXACT_MODES = ("on", "off")
 DTYPE_NAMES = ("auto", "bfloat16", "float32", "float16", "bf16", "fp32", "fp16")
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 NO_HEAD = ("ngram", "ar")
@@ -24,7 +25,7 @@ def check_device(device: str) -> str:
     return device
 
 
-def check_stack_args(drafter: str | None, width, device: str, tree: str, depth, dtype: str) -> None:
+def check_stack_args(drafter: str | None, width, device: str, tree: str, depth, dtype: str, exact: str = "off") -> None:
     """Cheap validation of everything load_stack takes, before any model is read."""
     if drafter is not None and drafter not in DRAFTERS:
         raise ValueError(f"unknown drafter {drafter!r}; choose from {', '.join(DRAFTERS)}")
@@ -36,6 +37,8 @@ def check_stack_args(drafter: str | None, width, device: str, tree: str, depth, 
         raise ValueError(f"tree must be one of {', '.join(TREES)}; got {tree!r}")
     if dtype not in DTYPE_NAMES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)}; got {dtype!r}")
+    if exact not in EXACT_MODES:
+        raise ValueError(f"exact must be one of {', '.join(EXACT_MODES)}; got {exact!r}")
     check_device(device)
 
 
@@ -63,14 +66,17 @@ def pick_head(head_dir, drafter: str | None, target_config=None):
 
 
 def load_stack(target_dir=None, head_dir=None, dtype="auto", drafter="jetflow", width=8, device="cpu",
-               tree="exact", depth=None, lookup=False):
+               tree="exact", depth=None, lookup=False, exact="off"):
     """(Target, Drafter) ready to generate. drafter=None picks the head's kind (causal: jetflow; bidirectional:
     ddtree). Heads are loaded only for drafters that use them. lookup: head drafters also merge prompt-lookup
-    continuations into their greedy trees (drafters.WithLookup); drafters without a head ignore it."""
+    continuations into their greedy trees (drafters.WithLookup); drafters without a head ignore it.
+    exact="on": every verify row rounds as a one-token step does (exact.py; CPU), so greedy output is token-identical
+    to plain decoding in bf16 too, for about 1.4x the verify cost."""
+    from . import exact as exact_rows
     from .budget import tune_gemm
     from .target import Target, target_config
 
-    check_stack_args(drafter, width, device, tree, depth, dtype)
+    check_stack_args(drafter, width, device, tree, depth, dtype, exact)
     _check_device_present(device)
     target_dir = resolve_dir(target_dir, "target model folder") if target_dir else Path(default_paths()[0])
     tcfg = target_config(target_dir)
@@ -84,6 +90,7 @@ def load_stack(target_dir=None, head_dir=None, dtype="auto", drafter="jetflow", 
     head = load_head(wanted) if cfg is not None else None  # its weights are checked before the target is loaded
     target = Target.from_pretrained(target_dir, dtype=dtype, device=device)
     tune_gemm(target)  # float32 on CPU: keep rowgemm only where this machine's verify measured faster with it
+    exact_rows.setup(target, exact)
     if head is not None:
         head = attach_head(head, target)
         target.tap_layers = list(head.config.tap_layers)

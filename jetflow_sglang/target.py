@@ -62,13 +62,14 @@ class Target:
         self.tap_layers = list(tap_layers or default_tap_layers(model.config.num_hidden_layers, 4))
         self.cache: DynamicCache | None = None
         self.length = 0
+        self.exact = False  # every verify row rounds as a one-token step does (exact.enable; --exact on)
 
     @classmethod
     def from_pretrained(cls, path, dtype: str = "auto", device: str = "cpu", tap_layers=None) -> "Target":
         dtype = resolve_dtype(dtype, device)
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}; got {dtype!r}")
-        # jetflow_tree: the Triton tree kernel on CUDA, SDPA with a bool tree mask on CPU; plain SDPA outside verify.
+        # jetflow_tree: the Triton tree kernel on CUDA, explicit float32 tree attention on CPU; SDPA outside verify.
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=tree_attn.NAME)
         model = model.to(device)
         return cls(model, AutoTokenizer.from_pretrained(path), tap_layers)
@@ -119,10 +120,10 @@ class Target:
         dev, n = self.device, len(tree)
         ids = torch.tensor(tree.tokens, dtype=torch.long, device=dev)
         positions = self.length + torch.tensor(tree.depths, dtype=torch.long, device=dev)
-        if n == 1:  # a root-only tree is a plain decoding step: causal attention, no tree mask
+        if n == 1 and not self.exact:  # a plain decoding step: causal attention, no tree mask
             return self._forward(ids, positions, None)
         if self.model.config._attn_implementation == tree_attn.NAME:  # the mask travels packed: N x ceil(N/32) words
-            with tree_attn.tree_mask_context(tree.packed_mask(), self.length):
+            with tree_attn.tree_mask_context(tree.packed_mask(), self.length, self.exact):
                 return self._forward(ids, positions, None)
         allow = torch.ones(n, self.length + n, dtype=torch.bool, device=dev)
         allow[:, self.length:] = tree.ancestor_mask().to(dev)

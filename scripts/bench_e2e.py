@@ -169,7 +169,52 @@ def summarize(records: list[dict], sets: list[str]) -> dict:
     return out
 
 
-def markdown(meta: dict, summary: dict, builder: dict | None, auto_hist: dict) -> str:
+DEFAULT = "jetflow+lookup auto"  # what `jetflow generate` runs
+
+
+def bootstrap(records: list[dict], ds: str, method: str, base, reps: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """A 90% paired-bootstrap interval of ratio() on set ds: prompts are resampled with replacement, each keeping
+    all its methods' runs, so it shows how much a verdict hangs on which prompts happened to be drawn."""
+    import random
+
+    by = collections.defaultdict(list)
+    for r in records:
+        if r["dataset"] == ds:
+            by[r["prompt"]].append(r)
+    keys, rng, vals = sorted(by), random.Random(seed), []
+    for _ in range(reps):
+        vals.append(ratio([r for _ in keys for r in by[rng.choice(keys)]], method, base))
+    vals.sort()
+    return vals[int(0.05 * reps)], vals[int(0.95 * reps) - 1]
+
+
+def ratio(rows: list[dict], method: str, base) -> float:
+    """Total tok/s of method over that of base in rows (base: a list of methods -> the fastest of them)."""
+    tps = lambda m: (sum(len(r["tokens"]) for r in rows if r["method"] == m)  # noqa: E731
+                     / max(1e-9, sum(r["seconds"] for r in rows if r["method"] == m)))
+    return tps(method) / max(tps(b) for b in ([base] if isinstance(base, str) else base))
+
+
+def targets(records: list[dict], sets: list[str], methods: list[str]) -> list[dict]:
+    """The issue's CPU targets for the default drafter, per set: value, 90% interval over prompts, verdict."""
+    fixed = [m for m in methods if m.startswith("jetflow+lookup B=")] + (["ar"] if "ar" in methods else [])
+    rows = []
+    for ds in sets:
+        want = [("hf-ar", 1.5), ("hf-prompt-lookup", 1.15)] if ds == "gsm8k" else [("hf-prompt-lookup", 1.0)]
+        want += [(fixed, 0.9)] if fixed else []
+        for base, bar in want:
+            if DEFAULT not in methods or not all(b in methods for b in ([base] if isinstance(base, str) else base)):
+                continue
+            value = ratio([r for r in records if r["dataset"] == ds], DEFAULT, base)
+            lo, hi = bootstrap(records, ds, DEFAULT, base)
+            rows.append({"set": ds, "against": base if isinstance(base, str) else "best fixed budget",
+                         "target": bar, "value": value, "ci90": [lo, hi],
+                         "verdict": "met" if value >= bar else "missed",
+                         "robust": lo >= bar if value >= bar else hi < bar})
+    return rows
+
+
+def markdown(meta: dict, summary: dict, builder: dict | None, auto_hist: dict, goals: list[dict] = ()) -> str:
     methods = [m[0] for m in METHODS]
     lines = ["# End to end: JetFlow vs Hugging Face `generate` (greedy)\n",
              f"- command: `{meta['command']}`", f"- machine: {meta['machine']}",
@@ -193,9 +238,10 @@ def markdown(meta: dict, summary: dict, builder: dict | None, auto_hist: dict) -
                          f"{c['identical_to_ar']}/{c['prompts']} |")
         lines.append("")
     all_ = summary.get("all", {})
-    if "jetflow B=16" in all_ and "draft_share" in all_["jetflow B=16"]:
-        lines.append(f"- draft share of the round at B=16 (all sets): {100 * all_['jetflow B=16']['draft_share']:.1f}% "
-                     "(target: <= 10%)")
+    for m in ("jetflow B=16", "jetflow+lookup B=16"):
+        if m in all_ and "draft_share" in all_[m]:
+            lines.append(f"- draft share of the round, {m} (all sets): {100 * all_[m]['draft_share']:.1f}% "
+                         "(target: <= 10%)")
     for drafter in ("jetflow", "jetflow+lookup"):
         auto = f"{drafter} auto"
         if auto not in all_:
@@ -211,6 +257,15 @@ def markdown(meta: dict, summary: dict, builder: dict | None, auto_hist: dict) -
     lines.append("- batched builder (tree_batch.build_topb), batch 8 at B=256: " + (
         f"{builder['min_ms']:.2f} ms min, {builder['median_ms']:.2f} ms median (target < 2 ms)" if builder
         else "not available (jetflow_sglang.tree_batch missing)"))
+    if goals:
+        lines += ["", f"## Targets ({DEFAULT}, the default drafter)\n",
+                  "90% interval: paired bootstrap over the set's prompts (how much the verdict hangs on which prompts "
+                  "were drawn); robust: the whole interval is on the verdict's side of the target.\n",
+                  "| set | against | target | value | 90% interval | verdict |", "|---|---|---|---|---|---|"]
+        for g in goals:
+            lines.append(f"| {g['set']} | {g['against']} | >= {g['target']:.2f} | {g['value']:.2f} | "
+                         f"{g['ci90'][0]:.2f}-{g['ci90'][1]:.2f} | {g['verdict']}"
+                         f"{'' if g['robust'] else ' (not robust)'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -317,6 +372,7 @@ def main(argv=None) -> int:
                             "identical_to_ar": ar_ref is not None and r["tokens"] == ar_ref and r["repeats_agree"]})
     bar.close()
     summary = summarize(records, sets)
+    goals = targets(records, sets, [m[0] for m in methods])
     builder = time_builder()
     auto_hist = {m[0]: collections.Counter(b for r in records if r["method"] == m[0] for b in r["budgets"])
                  for m in methods if m[4] == "auto"}
@@ -330,8 +386,9 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     stem = "e2e" + (f"_{a.tag}" if a.tag else "")
     (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "summary": summary, "builder": builder,
-                                                  "auto_budgets": dict(auto_hist), "records": records}, indent=1))
-    (out / f"{stem}.md").write_text(markdown(meta, summary, builder, auto_hist))
+                                                  "auto_budgets": dict(auto_hist), "targets": goals,
+                                                  "records": records}, indent=1))
+    (out / f"{stem}.md").write_text(markdown(meta, summary, builder, auto_hist, goals))
     plot(summary, out / f"{stem}.png")
     print((out / f"{stem}.md").read_text())
     return 0
