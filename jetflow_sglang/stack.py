@@ -71,7 +71,7 @@ def load_stack(target_dir=None, head_dir=None, dtype="auto", drafter="jetflow", 
     ddtree). Heads are loaded only for drafters that use them. lookup: head drafters also merge prompt-lookup
     continuations into their greedy trees (drafters.WithLookup); drafters without a head ignore it.
     exact="on": every verify row rounds as a one-token step does (exact.py; CPU), so greedy output is token-identical
-    to plain decoding in bf16 too, for about 1.4x the verify cost."""
+    to plain decoding in bf16 too, for up to about 1.35x the verify cost at 8-16 nodes."""
     from . import exact as exact_rows
     from .budget import tune_gemm
     from .target import Target, target_config

@@ -69,7 +69,7 @@ class Target:
         dtype = resolve_dtype(dtype, device)
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}; got {dtype!r}")
-        # jetflow_tree: the Triton tree kernel on CUDA, explicit float32 tree attention on CPU; SDPA outside verify.
+        # jetflow_tree: the Triton tree kernel on CUDA, SDPA with a bool tree mask on CPU; plain SDPA outside verify.
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=tree_attn.NAME)
         model = model.to(device)
         return cls(model, AutoTokenizer.from_pretrained(path), tap_layers)

@@ -6,17 +6,10 @@
         out = model(input_ids=..., position_ids=..., past_key_values=cache, attention_mask=None)
 
 Inside the context every attention layer sees the N new rows as a tree over the cached prefix: on CUDA through the
-Triton kernel (the DynamicCache's contiguous K/V viewed as one page per request, no copy), on CPU through
-`cpu_tree_attention` (explicit float32 products with an additive tree bias). Outside the context the function is plain
-SDPA with transformers' own mask, so prefill and ordinary decoding are unchanged.
-
-Why not SDPA on the CPU: with a bool mask, torch's CPU SDPA was 10-25% slower than the two explicit float32 products
-for the tree sizes a CPU verifies (SmolLM2-135M, bf16, 2-core EPYC with AVX512-BF16, 191 and 591 cached tokens:
-N=8 61.3 -> 53.8 ms and 68.9 -> 55.1 ms per verify forward, N=16 79.5 -> 63.1 and 85.2 -> 66.4, N=256 about level;
-2026-12-03, interleaved, min of 12), and it rounds a row differently with the number of rows and keys around it, so a
-tree's root did not reproduce the one-token step (logits off by up to 0.4 in bf16). `cpu_tree_attention` pads rows
-and keys so that every tree size takes the same kernels, and in float64 (exact rows, jetflow_sglang/exact.py) it
-rounds every row as the one-token step does.
+Triton kernel (the DynamicCache's contiguous K/V viewed as one page per request, no copy), on CPU through SDPA with a
+bool mask, or with exact=True through `cpu_tree_attention` (float64, every row rounded as a one-token step rounds it:
+jetflow_sglang/exact.py). Outside the context the function is plain SDPA with transformers' own mask, so prefill and
+ordinary decoding are unchanged.
 """
 from __future__ import annotations
 
@@ -42,7 +35,7 @@ KEY_BLOCK = 64  # keys are padded to a multiple of this, so a longer row only ad
 class TreeMaskContext:
     words: torch.Tensor  # int32 [B*N, W] (or [N, W], shared by every batch row)
     prefix_len: int
-    exact: bool = False  # CPU: float64 products and sums, so every row rounds as a one-token step does (exact.py)
+    exact: bool = False  # CPU: cpu_tree_attention, so every row rounds as a one-token step does (exact.py)
     _cache: dict = field(default_factory=dict)  # per (device, B, N): tensors every layer reuses
 
 
@@ -70,13 +63,15 @@ def _prepared(ctx: TreeMaskContext, device: torch.device, b: int, n: int, kind: 
             raise ValueError(f"tree mask has {words.shape[0]} rows for batch {b} x {n} query rows")
         if words.shape[1] * 32 < n:
             raise ValueError(f"{words.shape[1]} mask words per row cannot describe {n} tree nodes")
-        if kind == "bias":  # [B or 1, 1, 1, N, P+N padded to KEY_BLOCK]: 0 where allowed, -inf elsewhere
+        if kind in ("sdpa", "bias"):
             rows = words.view(-1, n, words.shape[1])
             allow = torch.stack([dense_allow(r, n, ctx.prefix_len) for r in rows])
-            allow = torch.nn.functional.pad(allow, (0, _padded_keys(ctx.prefix_len + n) - allow.shape[-1]))
-            acc = torch.float64 if ctx.exact else torch.float32
-            bias = torch.zeros(allow.shape, dtype=acc).masked_fill_(~allow, float("-inf"))
-            ctx._cache[key] = bias[:, None, None].to(device)
+            if kind == "sdpa":  # bool [B or 1, 1, N, P+N]
+                ctx._cache[key] = allow[:, None].to(device)
+            else:  # float64 [B or 1, 1, 1, N, P+N padded to KEY_BLOCK]: 0 where allowed, -inf elsewhere
+                allow = torch.nn.functional.pad(allow, (0, _padded_keys(ctx.prefix_len + n) - allow.shape[-1]))
+                bias = torch.zeros(allow.shape, dtype=torch.float64).masked_fill_(~allow, float("-inf"))
+                ctx._cache[key] = bias[:, None, None].to(device)
         else:
             words = (words if words.shape[0] == b * n else words.repeat(b, 1)).to(device).contiguous()
             ctx._cache[key] = dict(
@@ -108,7 +103,12 @@ def jetflow_tree_attention(module, query, key, value, attention_mask, dropout=0.
         out = tree_attn_op(q, key.transpose(1, 2), value.transpose(1, 2), t["block_table"], t["prefix_lens"],
                            t["qo_indptr"], t["words"], float(scaling), n, False)
         return out.view(b, n, hq, d), None
-    return cpu_tree_attention(query, key, value, _prepared(ctx, query.device, b, n, "bias"), scaling), None
+    if ctx.exact:
+        return cpu_tree_attention(query, key, value, _prepared(ctx, query.device, b, n, "bias"), scaling), None
+    mask = _prepared(ctx, query.device, b, n, "sdpa")
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling,
+                                                           enable_gqa=key.shape[1] != hq)
+    return out.transpose(1, 2).contiguous(), None
 
 
 def _padded_keys(n_keys: int) -> int:
@@ -116,19 +116,20 @@ def _padded_keys(n_keys: int) -> int:
 
 
 def cpu_tree_attention(query, key, value, bias, scaling: float) -> torch.Tensor:
-    """query [B, Hq, N, D], key/value [B, Hkv, L, D], bias [B or 1, 1, 1, N, L padded] -> [B, N, Hq, D].
+    """query [B, Hq, N, D], key/value [B, Hkv, L, D], bias [B or 1, 1, 1, N, L padded] -> [B, N, Hq, D]: exact rows.
 
-    Two products per layer in bias's dtype (float32, or float64 for exact rows), the query heads of one K/V head
-    stacked as rows (GQA without copying K/V per head). The products always have at least MIN_ROWS rows (zero rows
-    padded in) and keys are padded with zeros to a multiple of KEY_BLOCK (masked with -inf), so a one-token step and a
-    256-node tree take the same kernels.
-    In float64 a row also comes out the same wherever its keys sit: bf16 inputs multiply exactly, and a float64 sum
-    in any order differs by ~1e-16 relative, far below the output's rounding. So a node whose ancestors are scattered
-    among other nodes' columns gets the bits of the one-token step that saw them in a row (in float32 such nodes were
-    off by up to 0.4 in the logits while chains matched). On a 2-core EPYC with AVX512-BF16 (SmolLM2-135M, bf16,
-    2026-12-03), with exact rows, 60 greedy generations (12 prompts x budgets 3, 16, 64, 256, auto, 96 tokens)
-    reproduced plain decoding token for token; float64 costs 1.4x the float32 verify at 8-16 nodes and 1.5-2.7x at
-    64-256 (191 and 591 cached tokens), which is why it is opt-in."""
+    Two products per layer in bias's dtype (float64), the query heads of one K/V head stacked as rows (GQA without
+    copying K/V per head). A row comes out the same whatever else is in the batch and wherever its keys sit:
+    - bf16 inputs multiply exactly in float64, and a float64 sum in any order differs by ~1e-16 relative, far below
+      the output's rounding. So a node whose ancestors are scattered among other nodes' columns gets the bits of the
+      one-token step that saw them in a row (with float32 products and sums such nodes were off by up to 0.4 in the
+      logits, while chains matched; torch's CPU SDPA also rounds a row differently with the rows and keys around it);
+    - the products always have at least MIN_ROWS rows (zero rows padded in), and keys are padded with zeros to a
+      multiple of KEY_BLOCK (masked with -inf), so a one-token step and a 256-node tree take the same kernels.
+    On a 2-core EPYC with AVX512-BF16 (SmolLM2-135M, bf16, 2026-12-03), 60 greedy generations (12 prompts x budgets
+    3, 16, 64, 256, auto, 96 tokens) reproduced plain decoding token for token. A verify forward costs 1.0-1.4x
+    SDPA's with ~190 cached tokens and 1.2-1.6x with ~590 (bench/results/cpu_attention.md; 2.9x at 256 nodes in an
+    earlier run), hence opt-in."""
     b, hq, n, d = query.shape
     hkv, keys = key.shape[1], key.shape[2]
     g, pad_keys = hq // hkv, bias.shape[-1] - keys
