@@ -263,8 +263,8 @@ def markdown(meta: dict, summary: dict, builder: dict | None, auto_hist: dict, g
                   "were drawn); robust: the whole interval is on the verdict's side of the target.\n",
                   "| set | against | target | value | 90% interval | verdict |", "|---|---|---|---|---|---|"]
         for g in goals:
-            lines.append(f"| {g['set']} | {g['against']} | >= {g['target']:.2f} | {g['value']:.2f} | "
-                         f"{g['ci90'][0]:.2f}-{g['ci90'][1]:.2f} | {g['verdict']}"
+            lines.append(f"| {g['set']} | {g['against']} | >= {g['target']:.2f} | {g['value']:.3f} | "
+                         f"{g['ci90'][0]:.3f}-{g['ci90'][1]:.3f} | {g['verdict']}"
                          f"{'' if g['robust'] else ' (not robust)'} |")
     return "\n".join(lines) + "\n"
 
