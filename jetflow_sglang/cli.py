@@ -201,7 +201,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--exact", choices=["on", "off"], default="off",
                    help="on (CPU): every verify row rounds exactly as a one-token step does, so greedy output is "
                         "token-identical to plain decoding in bfloat16 too, whatever the budget, for up to ~1.35x the "
-                        "verify cost; off (default): bfloat16 may round a near-tie differently in a verify (float32 agrees)")
+                        "verify cost; off (default): bfloat16 may round a near-tie differently in a verify "
+                        "(float32 agrees)")
     g.add_argument("--target", help="HF model folder (default: SmolLM2-135M-Instruct, converted on first use)")
     g.add_argument("--head", help=f"draft head folder: this project's format, a JetFlow release or a DFlash release "
                                   f"(default: {DEFAULT_HEAD_DIR})")

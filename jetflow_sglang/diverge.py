@@ -91,7 +91,8 @@ def format_divergence(d: dict | None, tokenizer=None) -> str:
             f"speculative {show(d['a_token'])} vs AR {show(d['b_token'])}")
     if d["a_token"] is None or d["b_token"] is None:
         return line + " (one run stopped earlier)"
-    verdict = ("a near-tie: the two computations round it differently (expected in bfloat16; float32 is exact)"
+    verdict = ("a near-tie: the two computations round it differently (expected in bfloat16; --exact on makes "
+               "them agree)"
                if d["near_tie"] else "NOT a near-tie: please report this as a bug")
     return (line + f"\n  target top-2 logit margin there: {d['margin_a']:.3f} in a batched forward, "
             f"{d['margin_ar']:.3f} in one-token steps; {verdict}")

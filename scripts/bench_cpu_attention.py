@@ -96,11 +96,13 @@ def main() -> int:
     md = [f"# CPU verify forward: SDPA with a bool mask vs explicit float32 / float64 tree attention\n",
           f"- command: `{meta['command']}`", f"- machine: {meta['machine']}",
           f"- {meta['date']}; {meta['dtype']}; min of {a.reps} x 2 forwards per cell, modes interleaved; bushy trees\n",
-          "| context | nodes | SDPA ms (default) | float32 ms | float64 ms (exact rows) | float32 / SDPA | float64 / SDPA |",
+          "| context | nodes | SDPA ms (default) | float32 ms | float64 ms (exact rows) | float32 / SDPA "
+          "| float64 / SDPA |",
           "|---|---|---|---|---|---|---|"]
     for r in rows:
         md.append(f"| {r['context']} | {r['nodes']} | {r['sdpa_ms']:.1f} | {r['float32_ms']:.1f} | "
-                  f"{r['float64_ms']:.1f} | {r['float32_ms'] / r['sdpa_ms']:.2f} | {r['float64_ms'] / r['sdpa_ms']:.2f} |")
+                  f"{r['float64_ms']:.1f} | {r['float32_ms'] / r['sdpa_ms']:.2f} | "
+                  f"{r['float64_ms'] / r['sdpa_ms']:.2f} |")
     out.with_suffix(".md").write_text("\n".join(md) + "\n")
     import matplotlib
 
