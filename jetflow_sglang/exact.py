@@ -98,7 +98,8 @@ def setup(target, mode: str = "off") -> bool:
     if mode not in ("on", "off"):
         raise ValueError(f"exact must be on or off; got {mode!r}")
     if mode == "on" and not applies(target):
-        raise ValueError(f"exact rows are for CPU targets (this one runs on {target.device.type})")
+        raise ValueError(f"exact rows are for CPU targets that verify through {NAME} attention (this one: "
+                         f"{target.device.type}, {target.model.config._attn_implementation})")
     enable(target, mode == "on")
     return target.exact
 
