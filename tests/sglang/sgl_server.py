@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -14,43 +15,76 @@ import requests
 MEMORY_FLAGS = ["--max-total-tokens", "4096", "--max-running-requests", "4"]
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range. A port the kernel hands out (bind to port 0) may be handed out
+    again while the server starts: a --tp 2 server's gloo sockets took it once, and uvicorn then failed to bind
+    ("address already in use") while the process stayed up."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = random.randrange(20000, max(20001, low - 1100))  # SGLang derives its own ports up to port + 1000
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 class Server:
+    BIND_TRIES = 3  # a port taken between free_port() and the server's bind is retried on another
+
     def __init__(self, model: str, args: list[str], log: Path, env: dict | None = None, timeout: float = 420):
+        self._model, self._args, self.log, self.timeout = model, list(args), log, timeout
+        self._env = {**os.environ, "JETFLOW_SGLANG_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+                     **(env or {})}
+        self._start()
+
+    def _start(self) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--device", "cpu",
-               "--host", "127.0.0.1", "--port", str(self.port), *MEMORY_FLAGS, *args]
-        full_env = {**os.environ, "JETFLOW_SGLANG_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-                    **(env or {})}
-        self.log = log
-        self._log_f = open(log, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self._log_f, stderr=subprocess.STDOUT, env=full_env,
+        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", self._model, "--device", "cpu",
+               "--host", "127.0.0.1", "--port", str(self.port), *MEMORY_FLAGS, *self._args]
+        self._log_f = open(self.log, "w")
+        self.proc = subprocess.Popen(cmd, stdout=self._log_f, stderr=subprocess.STDOUT, env=self._env,
                                      start_new_session=True)
-        self.timeout = timeout
 
     def wait_ready(self) -> "Server":
-        deadline = time.time() + self.timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"sglang server exited ({self.proc.returncode}):\n{self.tail()}")
-            try:
-                if requests.get(self.url + "/model_info", timeout=2).ok and \
-                        requests.get(self.url + "/health", timeout=5).ok:
-                    return self
-            except requests.RequestException:
-                pass
-            time.sleep(1.0)
-        self.stop()
-        raise TimeoutError(f"sglang server not ready in {self.timeout} s:\n{self.tail()}")
+        for attempt in range(self.BIND_TRIES):
+            deadline = time.time() + self.timeout
+            while time.time() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"sglang server exited ({self.proc.returncode}):\n{self.tail()}")
+                try:
+                    if requests.get(self.url + "/model_info", timeout=2).ok and \
+                            requests.get(self.url + "/health", timeout=5).ok:
+                        return self
+                except requests.RequestException:
+                    pass
+                if "address already in use" in self.tail(20):
+                    break  # uvicorn could not bind and the process stays up: start again on another port
+                time.sleep(1.0)
+            else:
+                log = self.tail()
+                self.stop()
+                raise TimeoutError(f"sglang server not ready in {self.timeout} s:\n{log}")
+            log = self.tail()
+            self.stop()
+            if attempt + 1 == self.BIND_TRIES:
+                raise RuntimeError(f"sglang server could not bind a port in {self.BIND_TRIES} tries:\n{log}")
+            self._start()
+        raise AssertionError("unreachable")
 
     def tail(self, n: int = 60) -> str:
-        self._log_f.flush()
+        if not self._log_f.closed:
+            self._log_f.flush()
         return "\n".join(Path(self.log).read_text(errors="replace").splitlines()[-n:])
 
     def stop(self) -> None:

@@ -1,0 +1,63 @@
+"""The test launcher itself (sgl_server.Server): ports outside the kernel's ephemeral range, and a restart on another
+port when the server could not bind its own (a --tp 2 server's gloo sockets once took the port between free_port()
+and uvicorn's bind; the process stayed up and the test waited 420 s for nothing)."""
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import sgl_server  # noqa: E402
+from sgl_server import Server, free_port  # noqa: E402
+
+# Stands in for `python -m sglang.launch_server`: the first launch logs uvicorn's bind error and stays up, the second
+# serves /model_info and /health on the port it was given.
+FAKE = textwrap.dedent("""
+    import http.server, sys, time
+    from pathlib import Path
+    port = int(sys.argv[sys.argv.index("--port") + 1])
+    marker = Path(sys.argv[sys.argv.index("--marker") + 1])
+    if not marker.exists():
+        marker.write_text("started once")
+        print(f"ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', {port}): "
+              "address already in use", flush=True)
+        time.sleep(600)
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers(); self.wfile.write(b"{}")
+        def log_message(self, *a):
+            pass
+    http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+""")
+
+
+def test_free_port_is_below_the_ephemeral_range():
+    low = sgl_server._ephemeral_low()
+    ports = {free_port() for _ in range(20)}
+    assert all(20000 <= p < low for p in ports) and len(ports) > 1
+
+
+def test_a_port_taken_before_the_server_binds_is_retried(tmp_path, monkeypatch):
+    fake = tmp_path / "fake_server.py"
+    fake.write_text(FAKE)
+    marker = tmp_path / "marker"
+
+    def start(self):  # Server._start with the fake in place of sglang.launch_server
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._log_f = open(self.log, "w")
+        self.proc = sgl_server.subprocess.Popen(
+            [sys.executable, str(fake), "--port", str(self.port), "--marker", str(marker)], stdout=self._log_f,
+            stderr=sgl_server.subprocess.STDOUT, start_new_session=True)
+
+    monkeypatch.setattr(Server, "_start", start)
+    srv = Server("unused", [], tmp_path / "server.log", timeout=60)
+    first = srv.proc
+    try:
+        assert srv.wait_ready() is srv
+        assert srv.proc is not first and first.poll() is not None  # the stuck first launch was stopped
+        assert marker.read_text() == "started once"
+    finally:
+        srv.stop()
+    assert "closed file" not in srv.tail()  # tail works after stop (it used to raise and hide the server's log)
