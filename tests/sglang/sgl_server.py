@@ -47,40 +47,46 @@ class Server:
                      **(env or {})}
         self._start()
 
+    def _command(self) -> list[str]:
+        return [sys.executable, "-m", "sglang.launch_server", "--model-path", self._model, "--device", "cpu",
+                "--host", "127.0.0.1", "--port", str(self.port), *MEMORY_FLAGS, *self._args]
+
     def _start(self) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", self._model, "--device", "cpu",
-               "--host", "127.0.0.1", "--port", str(self.port), *MEMORY_FLAGS, *self._args]
         self._log_f = open(self.log, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self._log_f, stderr=subprocess.STDOUT, env=self._env,
+        self.proc = subprocess.Popen(self._command(), stdout=self._log_f, stderr=subprocess.STDOUT, env=self._env,
                                      start_new_session=True)
 
+    def _wait_once(self) -> str:
+        """'ready', 'bind' (uvicorn could not bind its port and the process stays up) or 'timeout'."""
+        deadline = time.time() + self.timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sglang server exited ({self.proc.returncode}):\n{self.tail()}")
+            try:
+                if requests.get(self.url + "/model_info", timeout=2).ok and \
+                        requests.get(self.url + "/health", timeout=5).ok:
+                    return "ready"
+            except requests.RequestException:
+                pass
+            if "address already in use" in self.tail(20):
+                return "bind"
+            time.sleep(1.0)
+        return "timeout"
+
     def wait_ready(self) -> "Server":
-        for attempt in range(self.BIND_TRIES):
-            deadline = time.time() + self.timeout
-            while time.time() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"sglang server exited ({self.proc.returncode}):\n{self.tail()}")
-                try:
-                    if requests.get(self.url + "/model_info", timeout=2).ok and \
-                            requests.get(self.url + "/health", timeout=5).ok:
-                        return self
-                except requests.RequestException:
-                    pass
-                if "address already in use" in self.tail(20):
-                    break  # uvicorn could not bind and the process stays up: start again on another port
-                time.sleep(1.0)
-            else:
-                log = self.tail()
-                self.stop()
-                raise TimeoutError(f"sglang server not ready in {self.timeout} s:\n{log}")
+        for attempt in range(1, self.BIND_TRIES + 1):
+            state = self._wait_once()
+            if state == "ready":
+                return self
             log = self.tail()
             self.stop()
-            if attempt + 1 == self.BIND_TRIES:
+            if state == "timeout":
+                raise TimeoutError(f"sglang server not ready in {self.timeout} s:\n{log}")
+            if attempt == self.BIND_TRIES:
                 raise RuntimeError(f"sglang server could not bind a port in {self.BIND_TRIES} tries:\n{log}")
-            self._start()
-        raise AssertionError("unreachable")
+            self._start()  # on another port
 
     def tail(self, n: int = 60) -> str:
         if not self._log_f.closed:

@@ -43,15 +43,8 @@ def test_a_port_taken_before_the_server_binds_is_retried(tmp_path, monkeypatch):
     fake.write_text(FAKE)
     marker = tmp_path / "marker"
 
-    def start(self):  # Server._start with the fake in place of sglang.launch_server
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._log_f = open(self.log, "w")
-        self.proc = sgl_server.subprocess.Popen(
-            [sys.executable, str(fake), "--port", str(self.port), "--marker", str(marker)], stdout=self._log_f,
-            stderr=sgl_server.subprocess.STDOUT, start_new_session=True)
-
-    monkeypatch.setattr(Server, "_start", start)
+    monkeypatch.setattr(Server, "_command",  # the fake in place of sglang.launch_server
+                        lambda self: [sys.executable, str(fake), "--port", str(self.port), "--marker", str(marker)])
     srv = Server("unused", [], tmp_path / "server.log", timeout=60)
     first = srv.proc
     try:
