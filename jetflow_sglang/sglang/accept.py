@@ -74,6 +74,25 @@ def sample_path(tokens, parents, sizes, probs, max_depth: int, width: int, gener
     return chosen_by_depth, bonus
 
 
+def accept_batch(tree, logits, info, width: int, generator=None):
+    """Acceptance for a batch that may mix greedy and sampled requests, on every tree size (one-node trees too).
+    tree: a TreeBatch; logits [b*n, V] after penalties and grammar masks; info: SGLang's SamplingBatchInfo (its
+    is_all_greedy, temperatures, top_ks, top_ps, min_ps). -> (root-first path [b, depth + 1], -1 padded, bonus [b]).
+    Every path holds at least the root, so every request emits at least one token per round."""
+    bs, n = tree.tokens.shape
+    depth = min(tree.depth_bound, n - 1)  # 0 on a one-node tree: the root alone, then the bonus token
+    logits = logits.view(bs, n, -1)
+    last, g_bonus = greedy_path(tree.tokens, tree.parents, tree.depths, tree.sizes, logits.argmax(-1), depth)
+    path = path_from_last(tree.parents, tree.depths, last, depth)
+    if info.is_all_greedy:
+        return path, g_bonus
+    probs = processed_probs(logits, info)
+    chosen, s_bonus = sample_path(tree.tokens, tree.parents, tree.sizes, probs, depth, width, generator)
+    s_path = torch.cat([chosen.new_zeros(bs, 1), chosen], 1)  # the root, then the accepted child per depth
+    greedy = (info.top_ks.view(-1) == 1).to(path.device)  # SGLang turns temperature 0 into top_k = 1
+    return torch.where(greedy[:, None], path, s_path), torch.where(greedy, g_bonus, s_bonus.to(g_bonus.dtype))
+
+
 def path_from_last(parents, depths, last, max_depth: int) -> torch.Tensor:
     """Root-first node ids of the path ending at `last`: [b, max_depth + 1], -1 past its end."""
     b = parents.shape[0]

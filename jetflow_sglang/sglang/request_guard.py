@@ -11,6 +11,12 @@
    500) when a route's body validation itself crashes on a wrongly typed nested value (e.g. `"response_format":
    "abc"`: the same `.get` on a str); exceptions raised anywhere else still propagate. It is added when `sglang.srt.entrypoints.
    http_server` is first imported (a post-import hook), so processes that never serve HTTP do not pay its import.
+3. Limits SGLang 0.5.23 does not check, each of which takes a scheduler down (or, for `n`, lets one request queue
+   unbounded work): `top_k` above int32 (overflow in the scheduler's sampling tensors), top logprobs beyond the
+   vocabulary ("selected index k out of range"), a negative `logprob_start_len` other than -1 (an assertion in the
+   logprob result processing of speculative servers), and `n` above MAX_N. Checked in the same wrapper as 1, with a
+   one-line ValueError that names the field (HTTP 400). `top_k` between the vocabulary and int32 stays allowed: the
+   plain server treats it as the whole vocabulary, and clients send such values.
 """
 from __future__ import annotations
 
@@ -24,6 +30,8 @@ logger = logging.getLogger(__name__)
 TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
 HTTP_MODULE = "sglang.srt.entrypoints.http_server"
 OBJECT_ROUTES = "/v1/"  # every OpenAI-compatible route takes a JSON object
+MAX_N = 128  # parallel samples per request (`n`); OpenAI's own limit
+INT32_MAX = 2**31 - 1
 
 
 def check_input_ids(input_ids, vocab_size: int | None) -> None:
@@ -40,6 +48,27 @@ def check_input_ids(input_ids, vocab_size: int | None) -> None:
             raise ValueError(f"input_ids[{i}] = {t!r} is not a token id of this model (valid: 0 to {vocab_size - 1})")
 
 
+def check_limits(obj, vocab_size: int | None) -> None:
+    """Raise ValueError (one line, naming the field) for the sampling and logprob values in section 3 above.
+    obj: one (already split) GenerateReqInput; its sampling_params is a dict."""
+    params = getattr(obj, "sampling_params", None) or {}
+    if not isinstance(params, dict):
+        return
+    top_k = params.get("top_k")
+    if isinstance(top_k, int) and not isinstance(top_k, bool) and not -1 <= top_k <= INT32_MAX:
+        raise ValueError(f"top_k = {top_k} is out of range: use -1 (whole vocabulary) or 1 to {INT32_MAX}")
+    n = params.get("n", 1)
+    if isinstance(n, int) and not isinstance(n, bool) and n > MAX_N:
+        raise ValueError(f"n = {n} is above this server's limit of {MAX_N} parallel samples per request")
+    start = getattr(obj, "logprob_start_len", None)
+    if isinstance(start, int) and start < -1:
+        raise ValueError(f"logprob_start_len = {start} is invalid: use -1 (from the first generated token) or a "
+                         "prompt position >= 0")
+    top = getattr(obj, "top_logprobs_num", None)
+    if vocab_size and isinstance(top, int) and top > vocab_size:
+        raise ValueError(f"top_logprobs_num (top_logprobs) = {top} is above the vocabulary size {vocab_size}")
+
+
 def _vocab_size(manager) -> int | None:
     cfg = getattr(manager, "model_config", None)
     v = getattr(cfg, "vocab_size", None)
@@ -47,7 +76,9 @@ def _vocab_size(manager) -> int | None:
 
 
 def _around_validate(original, self, obj, input_ids, *args, **kwargs):
-    check_input_ids(input_ids, _vocab_size(self))
+    vocab = _vocab_size(self)
+    check_input_ids(input_ids, vocab)
+    check_limits(obj, vocab)
     return original(self, obj, input_ids, *args, **kwargs)
 
 

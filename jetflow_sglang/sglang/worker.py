@@ -30,7 +30,7 @@ from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcac
 
 from ..config import JetFlowServerConfig
 from ..tree_batch import TreeBatch, build_topb, root_only
-from .accept import greedy_path, path_from_last, processed_probs, sample_path, to_sglang
+from .accept import accept_batch, to_sglang
 from .head_pool import HeadKVPool, SlotTokens, slots_of
 from .penalties import PathPenalties
 from .tp_sync import broadcast_from_rank0, broadcast_object_from_rank0, make_generator
@@ -359,22 +359,11 @@ class JetFlowWorker(BaseSpecWorker):
     # -- accept: on the device ----------------------------------------------------------------------------------
     @torch.no_grad()
     def _accept(self, batch, tree: TreeBatch, logits):
-        bs, n = tree.tokens.shape
         info = batch.sampling_info
         logits = self.penalties.apply(logits, batch, tree)
         if batch.has_grammar:
             logits = self._grammar(batch, tree, logits)
-        depth = min(tree.depth_bound, n - 1)
-        logits = logits.view(bs, n, -1)
-        last, g_bonus = greedy_path(tree.tokens, tree.parents, tree.depths, tree.sizes, logits.argmax(-1), depth)
-        path = path_from_last(tree.parents, tree.depths, last, depth)
-        if info.is_all_greedy:
-            return path, g_bonus
-        probs = processed_probs(logits, info)
-        chosen, s_bonus = sample_path(tree.tokens, tree.parents, tree.sizes, probs, depth, self.width, self.generator)
-        s_path = torch.cat([torch.zeros_like(chosen[:, :1]), chosen], 1)
-        greedy = (info.top_ks.view(-1) == 1).to(path.device)  # SGLang turns temperature 0 into top_k = 1
-        return torch.where(greedy[:, None], path, s_path), torch.where(greedy, g_bonus, s_bonus)
+        return accept_batch(tree, logits, info, self.width, self.generator)
 
     def _grammar(self, batch, tree: TreeBatch, logits):
         from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask

@@ -10,7 +10,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from jetflow_sglang.sglang.request_guard import body_is_non_object_json, check_input_ids, raised_validating_body
+from types import SimpleNamespace
+
+from jetflow_sglang.sglang.request_guard import (MAX_N, body_is_non_object_json, check_input_ids, check_limits,
+                                                 raised_validating_body)
 
 sys.path.insert(0, str(Path(__file__).parent))
 from sgl_fixtures import tiny_jetflow_server  # noqa: E402
@@ -26,6 +29,22 @@ def test_check_input_ids(ids, ok):
         with pytest.raises(ValueError) as e:
             check_input_ids(ids, 376)
         assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("params,extra,field", [
+    ({"top_k": 10**12}, {}, "top_k"), ({"top_k": -2}, {}, "top_k"), ({"n": MAX_N + 1}, {}, "n ="),
+    ({}, {"logprob_start_len": -5}, "logprob_start_len"), ({}, {"top_logprobs_num": 377}, "top_logprobs_num"),
+    ({"top_k": -1}, {}, None), ({"top_k": 2**31 - 1}, {}, None), ({"top_k": 5000}, {}, None), ({"n": MAX_N}, {}, None),
+    ({}, {"logprob_start_len": -1}, None), ({}, {"logprob_start_len": 0}, None), ({}, {"top_logprobs_num": 376}, None)])
+def test_check_limits(params, extra, field):
+    obj = SimpleNamespace(sampling_params=params, logprob_start_len=-1, top_logprobs_num=0)
+    obj.__dict__.update(extra)
+    if field is None:
+        check_limits(obj, 376)
+    else:
+        with pytest.raises(ValueError) as e:
+            check_limits(obj, 376)
+        assert field in str(e.value) and "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("body,bad", [(b"[1, 2]", True), (b'"hi"', True), (b"null", True), (b"3", True),
@@ -67,6 +86,18 @@ BAD = [  # (path, raw JSON body)
     ("/v1/chat/completions", '{"model": "default", "messages": [1]}'),
     ("/v1/chat/completions", '{"model": "default", "messages": [{"role": "user", "content": "x"}], '
                              '"response_format": "abc", "max_tokens": 2}'),
+    # limits SGLang does not check (section 3 of request_guard): each of these took a scheduler down
+    ("/generate", '{"text": "hi", "sampling_params": {"top_k": 1000000000000, "max_new_tokens": 2}}'),
+    ("/generate", '{"text": "hi", "return_logprob": true, "logprob_start_len": -5, '
+                  '"sampling_params": {"max_new_tokens": 2}}'),
+    ("/generate", '{"text": "hi", "return_logprob": true, "top_logprobs_num": 100000, '
+                  '"sampling_params": {"max_new_tokens": 2}}'),
+    ("/generate", '{"text": "hi", "sampling_params": {"n": 1000, "max_new_tokens": 2, "temperature": 0.5}}'),
+    ("/v1/completions", '{"model": "default", "prompt": "hi", "max_tokens": 2, "top_k": 1000000000000}'),
+    ("/v1/chat/completions", '{"model": "default", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, '
+                             '"logprobs": true, "top_logprobs": 100000}'),
+    ("/v1/chat/completions", '{"model": "default", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, '
+                             '"n": 1000}'),
 ]
 
 
@@ -95,6 +126,8 @@ def test_bad_requests_get_4xx_and_the_server_stays_up(server):
 def test_error_messages_name_the_problem(server):
     r = server.post("/generate", {"input_ids": [1, 2, 60000]})
     assert "60000" in r.json()["error"]["message"]
+    r = server.post("/generate", {"text": "hi", "return_logprob": True, "logprob_start_len": -5})
+    assert r.status_code == 400 and "logprob_start_len" in r.json()["error"]["message"]
     r = requests.post(server.url + "/v1/chat/completions", data=json.dumps([1]),
                       headers={"content-type": "application/json"}, timeout=60)
     assert r.status_code == 400 and "JSON object" in r.json()["message"]
