@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 import fcntl
 import os
+import sys
 from pathlib import Path
 
 DEFAULT_TARGET_NAME = "SmolLM2-135M-Instruct"
@@ -84,7 +85,7 @@ def convert_gguf(out: Path) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (out / "config.json").exists():
             return out
-        print(f"[jetflow] converting {GGUF_FILE} into {out} (one time, ~30 s)", flush=True)
+        print(f"[jetflow] converting {GGUF_FILE} into {out} (one time, ~30 s)", file=sys.stderr, flush=True)
         tok = AutoTokenizer.from_pretrained(src, gguf_file=GGUF_FILE, local_files_only=True)
         gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF_FILE, dtype=torch.float32,
                                                           local_files_only=True)

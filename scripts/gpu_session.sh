@@ -42,6 +42,7 @@ export PYTHONPATH=$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HF_HU
 export TOKENIZERS_PARALLELISM=false JETFLOW_CACHE=/tmp/jf_cache
 log() { echo "[gpu_session $(date +%T)] $*"; }
 HEAD_NAME=smollm2-135m-instruct
+SHIPPED_BASE=data/regen/smollm2.jsonl.gz  # the last lease's regenerated data, committed: the next plan extends it
 
 tree_mib() {  # what a device call sends besides the carried paths: tracked + untracked-not-ignored files
   { git ls-files -z; git ls-files -z -o --exclude-standard; } | xargs -0 -r stat -c %s 2>/dev/null |
@@ -58,7 +59,10 @@ split)
     $PY scripts/regenerate.py --out /dev/null --save-prompts "$G/prompts.json.gz" --seed 0 || exit 1
   fi
   base=${BASE:-runs/regen/smollm2.jsonl}
-  if [ -f "$base" ]; then gzip -c "$base" > "$G/base.jsonl.gz"; else rm -f "$G/base.jsonl.gz"; log "no base data at $base: the plan starts from none"; fi
+  if [ -f "$base" ]; then gzip -c "$base" > "$G/base.jsonl.gz"; else rm -f "$G/base.jsonl.gz"
+    if [ -f "$SHIPPED_BASE" ]; then log "base data: $SHIPPED_BASE (travels with the working tree)"
+    else log "no base data at $base or $SHIPPED_BASE: the plan starts from none"; fi
+  fi
   extra=$(du -cm "$G"/prompts.json.gz "$G"/base.jsonl.gz 2>/dev/null | tail -1 | cut -f1)
   free=$((64 - $(tree_mib) - extra - 2))
   [ "$free" -ge 4 ] || { echo "only $free MiB free beside the working tree: too little to carry the GGUF"; exit 1; }
@@ -125,10 +129,11 @@ pipeline)  # internal: the timed plan, started by `plan` in its own process sess
   end=$(( t0 + $($PY -c "print(int($PLAN_MIN * 60))") ))
   regen_end=$(( t0 + $($PY -c "print(int($REGEN_MIN * 60))") ))
   trap 'touch "$pd/done"' EXIT
-  if [ -z "${TARGET:-}" ]; then TARGET=$($PY -c "from jetflow_sglang.paths import default_paths; print(default_paths()[0])") || exit 1; fi
+  if [ -z "${TARGET:-}" ]; then TARGET=$($PY -c "from jetflow_sglang.paths import default_paths; print(default_paths()[0])" | tail -1) || exit 1; fi
   prompts=${PROMPTS:-$S/parts/prompts.json.gz}
   base=${BASE:-}
   if [ -z "$base" ] && [ -f "$S/parts/base.jsonl.gz" ]; then gunzip -c "$S/parts/base.jsonl.gz" > "$pd/base.jsonl"; base=$pd/base.jsonl; fi
+  if [ -z "$base" ] && [ -f "$SHIPPED_BASE" ] && [ "$DRY" != 1 ]; then gunzip -c "$SHIPPED_BASE" > "$pd/base.jsonl"; base=$pd/base.jsonl; fi
   have=0; [ -n "$base" ] && have=$($PY -c "import json,sys; print(sum(len(r['ids'])-r['prompt_len'] for r in map(json.loads, open(sys.argv[1]))))" "$base")
   log "target $TARGET; base data: ${base:-none} ($have continuation tokens); plan ends at $(date -d @$end +%T)"
   per=$(( (TOKENS + REGEN_WORKERS - 1) / REGEN_WORKERS ))
