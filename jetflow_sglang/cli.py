@@ -11,7 +11,7 @@ import json
 import math
 import sys
 
-from .budget import parse_budget
+from .budget import MAX_BUDGET, parse_budget
 from .drafters import DRAFTERS
 from .head import CheckpointError, HeadMismatchError
 from .paths import DEFAULT_HEAD_DIR, bidir_dir, default_paths
@@ -73,7 +73,7 @@ def budget_arg(s: str):
     try:
         return parse_budget(s)
     except ValueError:
-        raise ValueError(f"budget must be an integer in [1, 512] or 'auto'; got {s!r}") from None
+        raise ValueError(f"budget must be an integer in [1, {MAX_BUDGET}] or 'auto'; got {s!r}") from None
 
 
 @_typed

@@ -1,8 +1,9 @@
 """The JETFLOW server configuration: one typed object, resolved once from SGLang's own flags plus five variables.
 
 SGLang flags (preferred; they exist for every speculative algorithm):
-    --speculative-num-draft-tokens N   budget: draft-tree nodes per request and round, root included (default 8).
-                                       It is also the number of KV slots SGLang reserves per request and step.
+    --speculative-num-draft-tokens N   budget: draft-tree nodes per request and round, root included. Given alone
+                                       it FIXES the budget at N; without it the budget is adaptive (`auto`, up to
+                                       8). It is also the number of KV slots SGLang reserves per request and step.
     --speculative-eagle-topk K         width: children considered per tree node (default 8)
     --speculative-num-steps D          depth: maximum tree depth (default: the head's block size - 1)
     --speculative-draft-model-path P   the draft head folder (a head drafter is used when it is given)
@@ -12,7 +13,9 @@ Environment (only what SGLang has no flag for; read once, never written):
                       (default: the head's own kind - jetflow for a causal head, ddtree for a bidirectional
                       one such as a DFlash release - and ngram without a head; a drafter that does not fit
                       the head is an error)
-    JETFLOW_BUDGET    auto | N     auto: each round's tree size adapts (up to the budget above);
+    JETFLOW_BUDGET    auto | N     auto (the default when --speculative-num-draft-tokens is not given, as in
+                                   `jetflow generate`): each round's tree size adapts, up to the budget above
+                                   (0 or 1 nodes = plain decoding when trees do not pay);
                                    N: a fixed budget, the same as --speculative-num-draft-tokens N
                                    (giving both with different values is an error)
     JETFLOW_TREE      exact           how the tree is built from the head's per-depth top-k (paper: CLI only)
@@ -36,13 +39,14 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
+from .tree import MAX_BUDGET  # the one budget maximum (the tree builders', the CLI's and the server's)
+
 DRAFTERS = ("jetflow", "jetflow-branch", "ddtree", "dflash", "ngram", "ar")  # = drafters.DRAFTERS (tested)
 HEAD_DRAFTERS = ("jetflow", "jetflow-branch", "ddtree", "dflash")
 TREES = ("exact", "paper")
 CLI_ONLY_DRAFTERS = ("jetflow-branch",)  # the server refuses these with one line (the CLI runs them)
-DEFAULT_BUDGET = 8
+DEFAULT_BUDGET = 8  # the server's budget (auto's maximum) without --speculative-num-draft-tokens
 DEFAULT_WIDTH = 8
-MAX_BUDGET = 1024  # one verify forward of bs x budget tokens; larger is surely a typo
 ENV_VARS = ("JETFLOW_DRAFTER", "JETFLOW_BUDGET", "JETFLOW_TREE", "JETFLOW_COST_PRIOR", "JETFLOW_LOOKUP")
 LOOKUP_MODES = {"auto": None, "on": True, "1": True, "true": True, "off": False, "0": False, "false": False}
 RETIRED_ENV = {  # read by earlier versions; failing beats silently ignoring them
@@ -179,7 +183,8 @@ def _cost_prior(value, adaptive: bool) -> dict | None:
     if value is None or not str(value).strip():
         return None
     if not adaptive:
-        raise JetFlowConfigError("JETFLOW_COST_PRIOR only applies with JETFLOW_BUDGET=auto")
+        raise JetFlowConfigError("JETFLOW_COST_PRIOR only applies to an adaptive budget (JETFLOW_BUDGET=auto, the "
+                                 "default without --speculative-num-draft-tokens)")
     bad = JetFlowConfigError(f"JETFLOW_COST_PRIOR must be a JSON object of verified tokens (>= 1) to seconds (> 0), "
                              f"e.g. '{{\"1\": 0.01, \"8\": 0.02}}'; got {value!r}")
     try:
@@ -229,8 +234,8 @@ def _budget(flag, env_value) -> tuple[int, bool]:
     """(budget, adaptive) from --speculative-num-draft-tokens and JETFLOW_BUDGET (see the module docstring)."""
     from_flag = _flag_int("budget", flag, None)
     mode = (env_value or "").strip().lower()
-    if mode == "":
-        return (from_flag or DEFAULT_BUDGET), False
+    if mode == "":  # no JETFLOW_BUDGET: the flag fixes the budget; without the flag it is auto (the CLI's default)
+        return (from_flag, False) if from_flag is not None else (DEFAULT_BUDGET, True)
     if mode == "auto":
         return (from_flag or DEFAULT_BUDGET), True
     try:

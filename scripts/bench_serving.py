@@ -146,6 +146,8 @@ def write_report(out: Path, meta: dict, results: list[dict], failures: dict) -> 
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results, "failures": failures},
                                                    indent=2))
     base = {(r["workload"], r["concurrency"]): r["output_tok_per_s"] for r in results if r["config"] == "nospec"}
+    base_rounds = {(r["workload"], r["concurrency"]): r.get("round_tok_per_s") for r in results
+                   if r["config"] == "nospec"}
     names = list(dict.fromkeys(r["config"] for r in results))
     lines = [f"# SGLang serving: {', '.join(names)} ({meta['date']})", "",
              f"Command: `{meta['command']}`", "",
@@ -154,14 +156,17 @@ def write_report(out: Path, meta: dict, results: list[dict], failures: dict) -> 
              f"(GSM8K + MT-Bench chat prompts), max_tokens "
              f"{meta['max_tokens']}, greedy, radix cache on; shared-prefix: a {meta['prefix_tokens']}-token system "
              f"prompt + different questions; {meta.get('threads', 1)} torch threads per server; machine: {meta['machine']}; sglang {meta['sglang']}, torch {meta['torch']}.",
-             "", "| workload | config | conc. | output tok/s | vs nospec | TTFT mean (s) | ITL mean (ms) | "
-                 "e2e mean (s) | e2e p50 | e2e max | accept len | cached tok |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "", "| workload | config | conc. | output tok/s | vs nospec | per round (min-max) | TTFT mean (s) | "
+                 "ITL mean (ms) | e2e mean (s) | e2e p50 | e2e max | accept len | cached tok |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         b = base.get((r["workload"], r["concurrency"]))
         sp = f"{r['output_tok_per_s'] / b:.2f}x" if b else "-"
         acc = "-" if r["accept_length"] is None else f"{r['accept_length']:.2f}"
+        ratios = round_ratios(r.get("round_tok_per_s"), base_rounds.get((r["workload"], r["concurrency"])))
+        spread = f"{min(ratios):.2f}-{max(ratios):.2f}x" if ratios and r["config"] != "nospec" else "-"
         lines.append(f"| {r['workload']} | {r['config']} | {r['concurrency']} | {r['output_tok_per_s']:.1f} | {sp} | "
+                     f"{spread} | "
                      f"{r['ttft_mean_s']:.3f} | {r['itl_mean_ms']:.1f} | {r['e2e_mean_s']:.2f} | {r['e2e_p50_s']:.2f} "
                      f"| {r['e2e_max_s']:.2f} | {acc} | {r['cached_tokens_mean']:.0f} |")
     lines += ["", "All servers run at once with `--sleep-on-idle`; each level runs every configuration back to back, "
@@ -172,6 +177,14 @@ def write_report(out: Path, meta: dict, results: list[dict], failures: dict) -> 
     out.with_suffix(".md").write_text(text)
     _plot(out.with_suffix(".png"), results)
     return text
+
+
+def round_ratios(rounds: list[float] | None, base: list[float] | None) -> list[float]:
+    """Per-round throughput ratios against nospec's same round (rounds run back to back, so they share the
+    machine's state): the spread a user sees from run to run, where the pooled ratio hides it."""
+    if not rounds or not base:
+        return []
+    return [x / b for x, b in zip(rounds, base) if b > 0]
 
 
 def _plot(path: Path, results: list[dict]) -> None:
@@ -207,7 +220,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prefix-concurrency", type=int, nargs="*", default=[1, 4],
                     help="concurrency levels of the shared-prefix workload (none: skip it)")
     ap.add_argument("--requests", type=int, default=16, help="requests per concurrency level")
-    ap.add_argument("--rounds", type=int, default=1,
+    ap.add_argument("--rounds", type=int, default=3,
                     help="run every level this many times (the configurations' order rotating each time); a row "
                          "pools its rounds: throughput = all tokens / all wall time")
     ap.add_argument("--prefix-tokens", type=int, default=400)
@@ -263,6 +276,7 @@ def main(argv=None) -> int:
             srv.stop()
     bar = tqdm(total=len(servers) * len(levels) * a.rounds, desc="bench", unit="level")
     pooled: dict[tuple[str, str, int], tuple[list[dict], float, dict]] = {}  # (config, workload, c) -> rounds so far
+    rounds_tps: dict[tuple[str, str, int], list[float]] = {}  # (config, workload, c) -> output tok/s of each round
     try:
         for k, (wname, prompts, c) in enumerate(level for _ in range(a.rounds) for level in levels):
             names = [n for n in a.configs if n in servers]
@@ -277,6 +291,7 @@ def main(argv=None) -> int:
                     recs, wall = run_level(srv, prompts, c, a.max_tokens)
                     old_recs, old_wall, _ = pooled.get((name, wname, c), ([], 0.0, {}))
                     pooled[(name, wname, c)] = (old_recs + recs, old_wall + wall, server_state(srv))
+                    rounds_tps.setdefault((name, wname, c), []).append(sum(x["tokens"] for x in recs) / wall)
                 except requests.RequestException as e:  # the server died mid-run: say why, keep the others
                     failures[name] = f"{type(e).__name__} at {wname} c={c}; server: {_last_error(srv.log)}"
                     servers.pop(name).stop()
@@ -286,7 +301,8 @@ def main(argv=None) -> int:
             srv.stop()
     per_round = {wname: len(prompts) for wname, prompts, _ in workloads}
     results = [{"config": name, "workload": wname, "rounds": len(recs) // per_round[wname],
-                **summarize(c, recs, wall), "server": state}
+                **summarize(c, recs, wall), "round_tok_per_s": [round(x, 3) for x in rounds_tps[(name, wname, c)]],
+                "server": state}
                for (name, wname, c), (recs, wall, state) in pooled.items()]
     order = {n: i for i, n in enumerate(a.configs)}
     results.sort(key=lambda r: (r["workload"] != "mixed", order[r["config"]], r["concurrency"]))

@@ -67,7 +67,8 @@ class StepStats:
 
 def _install_server_info_hook() -> None:
     """/server_info's internal_states gain a "jetflow" entry (per-step budget, accept length, head pool) from the
-    scheduler's speculative worker. SGLang 0.5.23 has no hook for plugin algorithms (only DSPARK's records), so its
+    scheduler's speculative worker, and `avg_spec_accept_length` from the first round on (SGLang's own is None until
+    its first decode log). SGLang 0.5.23 has no hook for plugin algorithms (only DSPARK's records), so its
     collector method is wrapped once, in the scheduler process, when a JETFLOW worker starts."""
     from sglang.srt.managers.scheduler_components.internal_state import SchedulerInternalStateController as C
 
@@ -80,6 +81,11 @@ def _install_server_info_hook() -> None:
         worker = getattr(self.scheduler, "draft_worker", None)
         if hasattr(worker, "jetflow_server_info"):
             state["jetflow"] = worker.jetflow_server_info()
+            if state.get("avg_spec_accept_length") is None:  # SGLang folds its counters in only every
+                m = self.scheduler.metrics_reporter          # --decode-log-interval steps: count the open interval too
+                rounds = m.spec_total_num_forward_ct + m.spec_num_forward_ct
+                if rounds > 0:
+                    state["avg_spec_accept_length"] = (m.spec_total_num_accept_tokens + m.spec_num_accept_tokens) / rounds
 
     _add_speculative._jetflow = True
     C._add_speculative = _add_speculative

@@ -39,7 +39,7 @@ def cfg(env=None, **kw):
 def test_defaults_with_and_without_a_head():
     c = cfg()
     assert (c.drafter, c.budget, c.adaptive, c.width, c.depth, c.tree) == \
-        ("jetflow", DEFAULT_BUDGET, False, DEFAULT_WIDTH, None, "exact")
+        ("jetflow", DEFAULT_BUDGET, True, DEFAULT_WIDTH, None, "exact")  # auto, as `jetflow generate`
     assert c.head_dir == HEADS["causal"] and c.needs_head
     c = cfg(head=None)
     assert c.drafter == "ngram" and not c.needs_head and c.head_dir is None
@@ -59,6 +59,8 @@ def test_sglang_flags_map_to_budget_width_depth():
     ("16", 16, (16, False)),
     (None, 16, (16, False)),
     ("", 7, (7, False)),
+    (None, None, (DEFAULT_BUDGET, True)),  # nothing given: auto up to the default budget
+    ("", None, (DEFAULT_BUDGET, True)),
 ])
 def test_budget_combinations(env_budget, flag, want):
     env = {} if env_budget is None else {"JETFLOW_BUDGET": env_budget}
@@ -82,9 +84,12 @@ def test_env_drafter_and_tree():
     ({"JETFLOW_BUDGET": "16"}, {"n": 8}, "conflicts with --speculative-num-draft-tokens 8"),
     ({"JETFLOW_BUDGET": "abc"}, {}, "JETFLOW_BUDGET must be auto or a positive integer; got 'abc'"),
     ({"JETFLOW_BUDGET": "fixed"}, {}, "JETFLOW_BUDGET must be auto or a positive integer"),
-    ({"JETFLOW_BUDGET": "0"}, {}, "JETFLOW_BUDGET must be auto or an integer in 1..1024; got 0"),
+    ({"JETFLOW_BUDGET": "0"}, {}, "JETFLOW_BUDGET must be auto or an integer in 1..512; got 0"),
     ({"JETFLOW_BUDGET": "-3"}, {}, "got -3"),
     ({"JETFLOW_BUDGET": "5000"}, {}, "got 5000"),
+    ({"JETFLOW_BUDGET": "513"}, {}, "got 513"),  # one maximum: the tree builders' (tree.MAX_BUDGET)
+    ({}, {"n": 513}, "--speculative-num-draft-tokens must be at most 512; got 513"),
+    ({}, {"n": 600}, "--speculative-num-draft-tokens must be at most 512; got 600"),
     ({}, {"n": 0}, "--speculative-num-draft-tokens must be at least 1"),
     ({}, {"topk": 0}, "--speculative-eagle-topk must be at least 1"),
     ({}, {"steps": -1}, "--speculative-num-steps must be at least 1"),
@@ -100,7 +105,7 @@ def test_env_drafter_and_tree():
     ({"JETFLOW_DRAFTER": "ddtree"}, {}, "JETFLOW_DRAFTER=ddtree does not fit the causal head"),
     ({"JETFLOW_DRAFTER": "jetflow"}, {"head": "bidir"}, "JETFLOW_DRAFTER=jetflow does not fit the bidirectional"),
     ({}, {"head": "/no/such/head"}, "--speculative-draft-model-path /no/such/head: no draft-head checkpoint"),
-    ({"JETFLOW_COST_PRIOR": '{"1": 0.01}'}, {}, "JETFLOW_COST_PRIOR only applies with JETFLOW_BUDGET=auto"),
+    ({"JETFLOW_COST_PRIOR": '{"1": 0.01}'}, {"n": 8}, "JETFLOW_COST_PRIOR only applies to an adaptive budget"),
     ({"JETFLOW_BUDGET": "auto", "JETFLOW_COST_PRIOR": "[1]"}, {}, "JETFLOW_COST_PRIOR must be a JSON object"),
     ({"JETFLOW_BUDGET": "auto", "JETFLOW_COST_PRIOR": '{"0": 0.1}'}, {}, "JETFLOW_COST_PRIOR must be"),
     ({"JETFLOW_BUDGET": "auto", "JETFLOW_COST_PRIOR": '{"2": -1}'}, {}, "JETFLOW_COST_PRIOR must be"),
@@ -133,16 +138,18 @@ def test_reads_the_raw_input_snapshot_of_a_resolved_record():
 
 
 def test_default_env_is_os_environ(monkeypatch):
-    monkeypatch.setenv("JETFLOW_BUDGET", "auto")
+    monkeypatch.setenv("JETFLOW_BUDGET", "16")
     monkeypatch.delenv("JETFLOW_DRAFTER", raising=False)
-    assert JetFlowServerConfig.from_server_args(args()).adaptive
+    c = JetFlowServerConfig.from_server_args(args())
+    assert (c.budget, c.adaptive) == (16, False)
 
 
 def test_config_is_frozen_and_describes_itself():
     c = cfg()
     with pytest.raises(Exception):
         c.budget = 3
-    assert "budget=fixed 8" in c.describe() and "width=8" in c.describe()
+    assert "budget=auto, up to 8" in c.describe() and "width=8" in c.describe()
+    assert "budget=fixed 8" in cfg(n=8).describe()
 
 
 def test_drafter_names_match_the_core():
@@ -233,3 +240,31 @@ def test_lookup_errors():
     with pytest.raises(JetFlowConfigError, match="JETFLOW_LOOKUP=on merges prompt lookup into a head"):
         JetFlowServerConfig.from_server_args(no_head, env={"JETFLOW_LOOKUP": "on"})
     assert JetFlowServerConfig.from_server_args(no_head, env={}).lookup is False  # auto: ngram is lookup already
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("budget", ["513", "600"])
+def test_a_budget_over_the_maximum_is_refused_at_launch(budget, tmp_path):
+    """`--speculative-num-draft-tokens 513` passed the launch check when the server's maximum was 1024 and failed
+    later in the tree builder; now the launcher refuses it in one line with exit code 2, before any model loads."""
+    if os.environ.get("JETFLOW_SKIP_SGLANG") == "1":
+        pytest.skip("no SGLang")
+    import subprocess
+    import sys
+    import time
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from sgl_fixtures import build_tiny_head, build_tiny_qwen3
+
+    target = build_tiny_qwen3(tmp_path / "t")
+    head = build_tiny_head(target, tmp_path / "h")
+    env = {**os.environ, "JETFLOW_SGLANG_CPU": "1", "HF_HUB_OFFLINE": "1"}
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--model-path", str(target), "--device", "cpu",
+                          "--port", "1", "--speculative-algorithm", "JETFLOW", "--speculative-draft-model-path",
+                          str(head), "--speculative-num-draft-tokens", budget], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
+    assert errors == [f"error: --speculative-num-draft-tokens must be at most 512; got {budget}"], out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and time.monotonic() - t0 < 120

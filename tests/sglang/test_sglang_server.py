@@ -337,3 +337,17 @@ def test_sglang_ngram_runs_on_cpu_and_matches_plain(servers, models, tmp_path, t
         assert got["meta_info"]["spec_verify_ct"] < 24  # some rounds accepted more than one token
     finally:
         srv.stop()
+
+
+def test_accept_length_metrics_like_the_builtins(servers, tok):
+    """`avg_spec_accept_length` in /get_server_info (None before SGLang's first decode log, 40 steps, until the
+    worker's hook filled it) and `spec_verify_ct` / `spec_accept_length` in meta_info, consistent with each other."""
+    spec, _ = servers
+    assert spec.flush_cache()
+    out = spec.generate(input_ids=tok("def fib(n):").input_ids,
+                        sampling_params={"max_new_tokens": 6, "temperature": 0, "ignore_eos": True})
+    meta = out["meta_info"]
+    assert meta["spec_verify_ct"] >= 1 and meta["spec_accept_length"] >= 1.0
+    info = requests.get(spec.url + "/get_server_info", timeout=30).json()
+    avg = info["internal_states"][0]["avg_spec_accept_length"]
+    assert isinstance(avg, float) and 1.0 <= avg <= 6, avg

@@ -195,3 +195,69 @@ def test_verify_mask_and_links_on_device():
                      for i, L in enumerate(lens)])
     assert torch.equal(full, ref)
     assert torch.equal(verify_mask(anc, lens, False), anc.reshape(-1))
+
+
+# -- sampled traffic on one-node rounds (the OpenAI routes default to temperature 1.0) -------------------------------
+def _mixed_traffic(srv, models) -> None:
+    """Sampled OpenAI calls with no temperature, sampled /generate calls and greedy /generate calls, all at once, so
+    the scheduler batches greedy and sampled requests into the same rounds. Every call must succeed, the greedy
+    ones must stay exactly greedy, and the server must stay healthy."""
+    import concurrent.futures as cf
+
+    model = requests.get(srv.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    chat = {"model": model, "messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 16}
+    greedy_ids = [[9, 17, 42, 99], [33, 5, 250, 8]]
+
+    def call(i):
+        if i % 4 == 0:  # the OpenAI routes' defaults: temperature 1.0, top_p 1.0
+            r = requests.post(srv.url + "/v1/chat/completions", json=chat, timeout=300)
+        elif i % 4 == 1:
+            r = requests.post(srv.url + "/v1/completions", json={"model": model, "prompt": "Once upon", "max_tokens": 16},
+                              timeout=300)
+        elif i % 4 == 2:
+            r = srv.post("/generate", {"input_ids": greedy_ids[(i // 4) % 2],
+                                       "sampling_params": {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}})
+        else:
+            r = srv.post("/generate", {"text": "1 2 3", "sampling_params": {"max_new_tokens": 16, "temperature": 0.8,
+                                                                            "top_p": 0.9, "top_k": 20}})
+        return i, r.status_code, r.json()
+
+    with cf.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(call, range(16)))
+    for i, status, body in results:
+        assert status == 200, (i, status, body, srv.tail())
+        if i % 4 == 2:
+            ids = greedy_ids[(i // 4) % 2]
+            assert body["output_ids"] == hf_greedy(models[0], ids, 16, stop_at_eos=False), i
+        elif i % 4 == 0:
+            assert body["choices"][0]["message"]["content"] is not None and body["usage"]["completion_tokens"] >= 1
+    assert requests.get(srv.url + "/health", timeout=30).ok
+
+
+def test_sampled_requests_on_an_auto_server_that_decodes_plainly(servers, models):
+    """`auto` here decodes nearly every round with a one-node tree (budget 0/1): the rounds where sampled requests
+    used to lose their root (accept length 0) and take the scheduler down."""
+    spec, _ = servers
+    before = _state(spec)
+    _mixed_traffic(spec, models)
+    after = _state(spec)
+    assert after["plain_steps"] - before["plain_steps"] >= 10, after  # one-node rounds really ran
+
+
+@pytest.fixture(scope="module")
+def one_node_server(models, tmp_path_factory):
+    """`--speculative-num-draft-tokens 1`: every round is a one-node tree."""
+    target, head = models
+    srv = Server(target, ["--dtype", "float32", "--speculative-algorithm", "JETFLOW", "--speculative-draft-model-path",
+                          head, "--speculative-num-draft-tokens", "1", "--max-running-requests", "8"],
+                 tmp_path_factory.mktemp("sgl_logs1") / "one_node.log")
+    try:
+        yield srv.wait_ready()
+    finally:
+        srv.stop()
+
+
+def test_sampled_requests_on_one_node_trees(one_node_server, models):
+    _mixed_traffic(one_node_server, models)
+    info = requests.get(one_node_server.url + "/server_info", timeout=30).json()
+    assert info["internal_states"][0]["jetflow"]["recent_budgets"][-1] == 1
