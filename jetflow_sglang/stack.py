@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from .drafters import DRAFTERS, make_drafter
-from .head import BIDIRECTIONAL_DRAFTERS, attach_head, drafter_for, load_head, read_head_config
+from .head import BIDIRECTIONAL_DRAFTERS, attach_head, check_head_files, drafter_for, load_head, read_head_config
 from .paths import DEFAULT_HEAD_DIR, bidir_dir, default_paths, resolve_dir
 
 TREES = ("exact", "paper")
@@ -83,7 +83,7 @@ def load_stack(target_dir=None, head_dir=None, dtype="auto", drafter="jetflow", 
     wanted = cfg = None
     if drafter not in NO_HEAD:
         wanted, cfg, drafter = pick_head(head_dir, drafter, tcfg)
-        cfg.check_target(tcfg)  # a head for another target fails here, before any weights are read
+        check_head_files(wanted, tcfg)  # a head for another target or with bad files fails here, before any weights
         if depth is not None and depth > cfg.block_size - 1:
             raise ValueError(f"depth must be an integer in [1, {cfg.block_size - 1}] (the head's block of "
                              f"{cfg.block_size} slots drafts up to {cfg.block_size - 1} levels); got {depth}")

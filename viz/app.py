@@ -38,6 +38,10 @@ EXAMPLES = {
 UPDATE_EVERY_S = 0.5
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "bench" / "results"
 TREE_HEIGHT = 540  # px: the tree panel has its own scroll, so the scrubber above it stays in view
+# Uploads over this size are refused by the server (HTTP 413) while they stream in; the partial file is deleted from
+# Gradio's upload folder. The one upload is "Load run", an exported run (export.py): the largest the explorer can write
+# (budget 256 nodes, 1024 rounds of one token each, the target's top-5 per node) is about 47 MB.
+MAX_UPLOAD_BYTES = 64 * 1024 * 1024
 CSS = f"""
 .jf-text {{white-space: pre-wrap; font-family: ui-monospace, monospace; font-size: 14px; line-height: 1.6;
           min-height: 4em; padding: 8px; border: 1px solid #ddd; border-radius: 6px; max-height: {TREE_HEIGHT}px;
@@ -420,7 +424,8 @@ def main(argv=None) -> None:
     theme = gr.themes.Default(font=["ui-sans-serif", "system-ui", "sans-serif"],  # no web-font fetches offline
                               font_mono=["ui-monospace", "monospace"])
     demo.queue(default_concurrency_limit=4).launch(server_name=args.host, server_port=args.port, theme=theme,
-                                                   css=CSS, show_error=True, footer_links=[])
+                                                   css=CSS, show_error=True, footer_links=[],
+                                                   max_file_size=MAX_UPLOAD_BYTES)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,9 @@ It registers, without patching any SGLang file:
   - the JETFLOW algorithm (worker: jetflow_sglang.sglang.worker.JetFlowWorker);
   - the tree-verify attention backend `jetflow_tree_native` (SDPA; CPU default);
   - two resolution-step wrappers: the config check (before `handle_speculative_decoding`, so a bad JETFLOW
-    setting or a missing head folder fails with one line before SGLang looks the head up on the hub) and the
-    attention-backend guard (backend_guard.py);
+    setting, a missing head folder or a head whose files do not fit the target (check_head) fails with one line
+    before SGLang looks the head up on the hub or loads the target) and the attention-backend guard
+    (backend_guard.py);
   - the request guard (request_guard.py): empty prompts and out-of-vocabulary token ids get a 400.
 """
 from __future__ import annotations
@@ -48,14 +49,37 @@ def fail(err: Exception):
 
 
 def resolve_config(server_args, env=None):
-    """The JetFlowServerConfig of a JETFLOW launch (head folder and drafter fit checked); errors go through `fail`."""
+    """The JetFlowServerConfig of a JETFLOW launch (head folder and drafter fit checked, and the head's files against
+    the target's config.json: check_head); errors go through `fail`."""
     from ..config import JetFlowConfigError, JetFlowServerConfig
 
     try:
         cfg = JetFlowServerConfig.from_server_args(server_args, env=env)  # reads the head's config.json too
+        if cfg.needs_head and cfg.head_dir:
+            check_head(server_args, cfg.head_dir)
     except JetFlowConfigError as e:
         fail(e)
     return cfg
+
+
+def check_head(server_args, head_dir: str) -> None:
+    """The head's files against the target's config.json (--model-path), before SGLang loads anything: hidden size,
+    vocabulary, tap layers SGLang can capture, readable and complete safetensors with the tensors the config implies
+    (head/check.py). A target that is not a local folder or cached repo is left to SGLang; the head is still checked.
+    One-line JetFlowConfigError naming both values."""
+    from ..config import JetFlowConfigError
+    from ..head import CheckpointError, HeadMismatchError, check_head_files
+    from ..head.check import target_config_of
+
+    snap = getattr(server_args, "_raw_input", None)
+    model = snap.get("model_path") if isinstance(snap, dict) else getattr(server_args, "model_path", None)
+    try:
+        check_head_files(head_dir, target_config_of(model), sglang=True)
+    except HeadMismatchError as e:
+        raise JetFlowConfigError(f"--speculative-draft-model-path {head_dir} does not fit --model-path {model}: "
+                                 f"{' '.join(str(e).split())}") from None
+    except (CheckpointError, ValueError, OSError) as e:
+        raise JetFlowConfigError(f"--speculative-draft-model-path {head_dir}: {' '.join(str(e).split())}") from None
 
 
 def _config_hook(server_args, previous) -> None:
