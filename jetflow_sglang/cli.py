@@ -12,10 +12,10 @@ import math
 import sys
 
 from .budget import MAX_BUDGET, parse_budget
-from .drafters import DRAFTERS
 from .head import CheckpointError, HeadMismatchError
 from .paths import DEFAULT_HEAD_DIR, bidir_dir, default_paths
-from .stack import TREES, check_device, load_stack
+from .registry import DEFAULT_WIDTH, DRAFTERS, TREES
+from .stack import check_device, load_stack
 
 __all__ = ["bidir_dir", "load_stack", "main", "parser"]  # cli.load_stack: alias of stack.load_stack
 
@@ -185,7 +185,7 @@ def parser() -> argparse.ArgumentParser:
                         "this machine's verify cost and the head's acceptance")
     g.add_argument("--drafter", choices=DRAFTERS, default=None,
                    help="default: from the head (causal: jetflow; bidirectional, e.g. a DFlash release: ddtree)")
-    g.add_argument("--width", type=positive_int, default=8, help="candidates per depth / per parent (>= 1)")
+    g.add_argument("--width", type=positive_int, default=DEFAULT_WIDTH, help="candidates per depth / per parent (>= 1)")
     g.add_argument("--depth", type=positive_int, default=None, help="maximum tree depth (default: the head's block size - 1)")
     g.add_argument("--tree", choices=TREES, default="exact",
                    help="exact: the best tree by cumulative draft log-prob; paper: the JetSpec paper's heap builder")

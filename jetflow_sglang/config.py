@@ -39,14 +39,10 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
+from .registry import CLI_ONLY_DRAFTERS, DEFAULT_WIDTH, DRAFTERS, HEAD_DRAFTERS, SERVER_DRAFTERS, TREES
 from .tree import MAX_BUDGET  # the one budget maximum (the tree builders', the CLI's and the server's)
 
-DRAFTERS = ("jetflow", "jetflow-branch", "ddtree", "dflash", "ngram", "ar")  # = drafters.DRAFTERS (tested)
-HEAD_DRAFTERS = ("jetflow", "jetflow-branch", "ddtree", "dflash")
-TREES = ("exact", "paper")
-CLI_ONLY_DRAFTERS = ("jetflow-branch",)  # the server refuses these with one line (the CLI runs them)
 DEFAULT_BUDGET = 8  # the server's budget (auto's maximum) without --speculative-num-draft-tokens
-DEFAULT_WIDTH = 8
 ENV_VARS = ("JETFLOW_DRAFTER", "JETFLOW_BUDGET", "JETFLOW_TREE", "JETFLOW_COST_PRIOR", "JETFLOW_LOOKUP")
 LOOKUP_MODES = {"auto": None, "on": True, "1": True, "true": True, "off": False, "0": False, "false": False}
 RETIRED_ENV = {  # read by earlier versions; failing beats silently ignoring them
@@ -95,9 +91,8 @@ class JetFlowServerConfig:
                                      f"choose one of {', '.join(DRAFTERS)}")
         drafter = _drafter(requested, head_dir)
         if drafter in CLI_ONLY_DRAFTERS:
-            raise JetFlowConfigError(f"JETFLOW_DRAFTER={drafter} is not available in the batched server (its second "
-                                     f"head pass over each tree is CLI-only: jetflow generate --drafter {drafter}); "
-                                     "use jetflow, ddtree, dflash or ngram")
+            raise JetFlowConfigError(f"JETFLOW_DRAFTER={drafter} is not available in the batched server (CLI-only: "
+                                     f"jetflow generate --drafter {drafter}); use one of {', '.join(SERVER_DRAFTERS)}")
 
         tree = (env.get("JETFLOW_TREE") or "exact").strip().lower()
         if tree not in TREES:
@@ -146,7 +141,7 @@ def _head_is_causal(head_dir: str) -> bool:
 
 
 def _drafter(requested: str | None, head_dir: str | None) -> str:
-    from .head import BIDIRECTIONAL_DRAFTERS, CAUSAL_DRAFTERS
+    from .registry import BIDIRECTIONAL_DRAFTERS, CAUSAL_DRAFTERS
 
     if head_dir is None:
         if requested in HEAD_DRAFTERS:

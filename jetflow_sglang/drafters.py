@@ -20,10 +20,10 @@ from . import rowgemm
 from .context_kv import ContextKV
 from .head import MASK, JetFlowHead
 from .lookup_batch import merge_lookup
+from .registry import DEFAULT_WIDTH, DRAFTERS, TREES, spec
 from .tree import DraftTree, best_first, check_budget, merge, per_depth
 from .tree_batch import TreeBatch, build_topb, build_topb_conditioned, root_only
 
-TREES = ("exact", "paper")
 # A request's next tree at budget B runs the levels its last tree at B reached plus this margin (a causal head's first
 # d levels are exact on their own, and the head forward and the vocabulary projection cost grows with the rows). A tree
 # that reaches the last level run is redrafted with every level, so every tree is exactly the one the full block
@@ -113,8 +113,8 @@ class HeadDrafter:
     top-B builder, tree_batch) or 'paper' (the paper's eager accum_logp form, built on the host)."""
     needs_taps = True
 
-    def __init__(self, head: JetFlowHead, mode: str = "tree", width: int = 8, tree: str = "exact", name: str = "",
-                 depth: int | None = None):
+    def __init__(self, head: JetFlowHead, mode: str = "tree", width: int = DEFAULT_WIDTH, tree: str = "exact",
+                 name: str = "", depth: int | None = None):
         if mode not in ("tree", "branch", "chain"):
             raise ValueError(f"unknown head drafting mode {mode!r}")
         if tree not in TREES:
@@ -439,26 +439,22 @@ def resample(shape: DraftTree, q_by_depth: list[torch.Tensor], generator=None) -
     return out
 
 
-DRAFTERS = ("jetflow", "jetflow-branch", "ddtree", "dflash", "ngram", "ar")
-
-
-def make_drafter(name: str, head: JetFlowHead | None = None, bidir_head: JetFlowHead | None = None, width: int = 8,
-                 tree: str = "exact", depth: int | None = None, lookup: bool = False) -> Drafter:
+def make_drafter(name: str, head: JetFlowHead | None = None, bidir_head: JetFlowHead | None = None,
+                 width: int = DEFAULT_WIDTH, tree: str = "exact", depth: int | None = None,
+                 lookup: bool = False) -> Drafter:
     """jetflow: causal head + top-B tree; jetflow-branch: causal head, branch-conditioned; ddtree: bidirectional
     head + top-B tree; dflash: bidirectional head, linear chain; ngram: prompt lookup; ar: no drafting.
     tree: 'exact' (default: the exact top-B builder) or 'paper' (the paper's eager form); depth: deepest level;
     lookup: merge prompt-lookup continuations into a head drafter's greedy trees (WithLookup)."""
     if tree not in TREES:
         raise ValueError(f"tree must be one of {', '.join(TREES)}; got {tree!r}")
+    row = spec(name)  # an unknown name: the registry's one-line error with every name
     if name == "ar":  # no head: nothing to merge a lookup trie into (ngram is prompt lookup itself)
         return ARDrafter()
     if name == "ngram":
         return NgramDrafter()
-    if name not in DRAFTERS:
-        raise ValueError(f"unknown drafter {name!r}; choose from {', '.join(DRAFTERS)}")
-    h = head if name.startswith("jetflow") else (bidir_head or head)
+    h = head if row.head == "causal" else (bidir_head or head)
     if h is None:
         raise ValueError(f"drafter {name!r} needs a draft head")
-    mode = {"jetflow": "tree", "jetflow-branch": "branch", "ddtree": "tree", "dflash": "chain"}[name]
-    drafter = HeadDrafter(h, mode=mode, width=width, tree=tree, name=name, depth=depth)
+    drafter = HeadDrafter(h, mode=row.mode, width=width, tree=tree, name=name, depth=depth)
     return WithLookup(drafter) if lookup else drafter

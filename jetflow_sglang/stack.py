@@ -8,15 +8,15 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .drafters import DRAFTERS, make_drafter
-from .head import BIDIRECTIONAL_DRAFTERS, attach_head, check_head_files, drafter_for, load_head, read_head_config
+from .drafters import make_drafter
+from .head import attach_head, check_head_files, drafter_for, load_head, read_head_config
 from .paths import DEFAULT_HEAD_DIR, bidir_dir, default_paths, resolve_dir
+from .registry import BIDIRECTIONAL_DRAFTERS, DEFAULT_WIDTH, DRAFTERS, REGISTRY, TREES, spec
 
-TREES = ("exact", "paper")
 EXACT_MODES = ("on", "off")
 DTYPE_NAMES = ("auto", "bfloat16", "float32", "float16", "bf16", "fp32", "fp16")
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
-NO_HEAD = ("ngram", "ar")
+NO_HEAD = tuple(n for n, s in REGISTRY.items() if s.head is None)
 
 
 def check_device(device: str) -> str:
@@ -27,8 +27,8 @@ def check_device(device: str) -> str:
 
 def check_stack_args(drafter: str | None, width, device: str, tree: str, depth, dtype: str, exact: str = "off") -> None:
     """Cheap validation of everything load_stack takes, before any model is read."""
-    if drafter is not None and drafter not in DRAFTERS:
-        raise ValueError(f"unknown drafter {drafter!r}; choose from {', '.join(DRAFTERS)}")
+    if drafter is not None:
+        spec(drafter)  # an unknown name: one line with the registry's names
     if isinstance(width, bool) or not isinstance(width, int) or width < 1:
         raise ValueError(f"width must be an integer >= 1; got {width!r}")
     if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 1):
@@ -65,11 +65,12 @@ def pick_head(head_dir, drafter: str | None, target_config=None):
     return head_dir, cfg, drafter_for(cfg, drafter)
 
 
-def load_stack(target_dir=None, head_dir=None, dtype="auto", drafter="jetflow", width=8, device="cpu",
-               tree="exact", depth=None, lookup=False, exact="off"):
-    """(Target, Drafter) ready to generate. drafter=None picks the head's kind (causal: jetflow; bidirectional:
-    ddtree). Heads are loaded only for drafters that use them. lookup: head drafters also merge prompt-lookup
-    continuations into their greedy trees (drafters.WithLookup); drafters without a head ignore it.
+def load_stack(target_dir=None, head_dir=None, dtype="auto", drafter=None, width=DEFAULT_WIDTH, device="cpu",
+               tree="exact", depth=None, lookup=True, exact="off"):
+    """(Target, Drafter) ready to generate, with `jetflow generate`'s defaults (tested). drafter=None picks the head's
+    kind (causal: jetflow; bidirectional: ddtree). Heads are loaded only for drafters that use them. lookup (default
+    on, as the CLI): head drafters also merge prompt-lookup continuations into their greedy trees
+    (drafters.WithLookup); drafters without a head ignore it; lookup=False drafts with the head alone.
     exact="on": every verify row rounds as a one-token step does (exact.py; CPU), so greedy output is token-identical
     to plain decoding in bf16 too, for up to about 1.35x the verify cost at 8-16 nodes."""
     from . import exact as exact_rows
@@ -102,4 +103,4 @@ def load_stack(target_dir=None, head_dir=None, dtype="auto", drafter="jetflow", 
     return target, make_drafter(drafter, head, None, width=width, **kw)
 
 
-__all__ = ["TREES", "check_device", "check_stack_args", "load_stack", "pick_head"]
+__all__ = ["DRAFTERS", "TREES", "check_device", "check_stack_args", "load_stack", "pick_head"]

@@ -339,7 +339,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(a.threads)
     methods = [m for m in METHODS if m[0] in a.methods.split(",")]
     sets = a.sets.split(",")
-    target, jf = load_stack(a.target, a.head, dtype=a.dtype, drafter="jetflow", width=a.width, device=a.device)
+    target, jf = load_stack(a.target, a.head, dtype=a.dtype, drafter="jetflow", width=a.width, device=a.device,
+                            lookup=False)  # the head alone; lookup variants are built from it
     head = jf.head
     drafters = {(m[2], m[3]): bench_drafter(m[2], m[3], head, a.width) for m in methods if m[1] == "spec"}
     prompts = [(ds, target.encode_chat(p)) for ds in sets for p in load_prompts(ds, a.limit)]

@@ -101,7 +101,8 @@ def drafter_specs(names: list[str]) -> list[tuple[str, str, str]]:
 
 def load_heads(a) -> tuple[Target, object, object]:
     """(target, causal head, bidirectional head or None) through the one assembly point."""
-    target, jf = load_stack(a.target, a.head, dtype=a.dtype, drafter="jetflow", width=a.width, device=a.device)
+    target, jf = load_stack(a.target, a.head, dtype=a.dtype, drafter="jetflow", width=a.width, device=a.device,
+                            lookup=False)  # the head alone; lookup variants are built from it
     head, bidir = jf.head, None
     if pick_head is not None:
         bdir, bcfg, _ = pick_head(a.head, "ddtree", target.config)

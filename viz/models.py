@@ -9,19 +9,16 @@ import gradio as gr
 
 from jetflow_sglang.drafters import make_drafter
 from jetflow_sglang.head import load_head
+from jetflow_sglang.registry import REGISTRY
+from jetflow_sglang.stack import load_stack, pick_head
 
-try:  # the one assembly point (H7); cli.load_stack is its alias while it lands
-    from jetflow_sglang import stack as _stack
-    from jetflow_sglang.stack import load_stack
-except ImportError:  # pragma: no cover - only before stack.py exists
-    _stack = None
-    from jetflow_sglang.cli import load_stack
-
-DRAFTERS = [("JetFlow", "jetflow"), ("JetFlow + lookup (jetflow generate's default)", "jetflow+lookup"),
-            ("JetFlow branch-conditioned", "jetflow-branch"), ("DDTree", "ddtree"), ("DFlash chain", "dflash"),
-            ("n-gram (prompt lookup)", "ngram"), ("autoregressive", "ar")]
-HEAD_DRAFTERS = {"jetflow", "jetflow+lookup", "jetflow-branch", "ddtree", "dflash"}
 LOOKUP = "+lookup"  # a head drafter with prompt-lookup tries merged into its trees (drafters.WithLookup)
+LABELS = {"jetflow": "JetFlow", "jetflow-branch": "JetFlow branch-conditioned", "ddtree": "DDTree",
+          "dflash": "DFlash chain", "ngram": "n-gram (prompt lookup)", "ar": "autoregressive"}
+# (label, value) for the page, from the registry: every drafter, and the CLI's default (jetflow + lookup) second
+DRAFTERS = [(LABELS.get(n, n), n) for n in REGISTRY]
+DRAFTERS.insert(1, ("JetFlow + lookup (jetflow generate's default)", "jetflow" + LOOKUP))
+HEAD_DRAFTERS = {v for _, v in DRAFTERS if REGISTRY[v.removesuffix(LOOKUP)].head}
 MAX_BUDGET, MAX_TOKENS, MAX_TEMPERATURE = 256, 1024, 2.0
 WIDTH, SEED = 8, 0
 
@@ -45,7 +42,7 @@ class Models:
         else:
             try:
                 self.target, self._drafters["jetflow"] = load_stack(target_dir, head_dir, dtype=dtype,
-                                                                    drafter="jetflow", width=WIDTH)
+                                                                    drafter="jetflow", width=WIDTH, lookup=False)
             except Exception as e:  # missing, corrupt or mismatched: keep running without the head drafters
                 self.head_error = f"{type(e).__name__}: {e}"
         if self.target is None:
@@ -59,12 +56,7 @@ class Models:
         self.eos_ids = sorted(self.target.eos_ids())
 
     def _head_dir_for(self, name: str) -> Path:
-        name = name.removesuffix(LOOKUP)
-        if _stack is not None:
-            return Path(_stack.pick_head(self.head_dir, name, self.target.config)[0])
-        from jetflow_sglang.cli import bidir_dir
-        bidir = bidir_dir(self.head_dir)
-        return bidir if name in ("ddtree", "dflash") and bidir.exists() else Path(self.head_dir)
+        return Path(pick_head(self.head_dir, name.removesuffix(LOOKUP), self.target.config)[0])
 
     def _head_problem(self, name: str) -> str:
         if self.head_error:
@@ -92,7 +84,8 @@ class Models:
                 if str(d) not in self._heads:
                     self._heads[str(d)] = load_head(d, self.target)
                 head = self._heads[str(d)]
-            causal, base = name.startswith("jetflow"), name.removesuffix(LOOKUP)
+            base = name.removesuffix(LOOKUP)
+            causal = REGISTRY[base].head == "causal"
             self._drafters[name] = make_drafter(base, head if causal else None, None if causal else head, width=WIDTH,
                                                 lookup=name.endswith(LOOKUP))
         return self._drafters[name]

@@ -1,10 +1,8 @@
 """Which drafters a head can serve: causal heads draft JetFlow trees, bidirectional heads DDTree/DFlash."""
 from __future__ import annotations
 
+from ..registry import BIDIRECTIONAL_DRAFTERS, CAUSAL_DRAFTERS
 from .config import HeadMismatchError, JetFlowHeadConfig
-
-CAUSAL_DRAFTERS = ("jetflow", "jetflow-branch")
-BIDIRECTIONAL_DRAFTERS = ("ddtree", "dflash")
 
 
 def drafter_for(cfg: JetFlowHeadConfig, requested: str | None = None) -> str:

@@ -29,7 +29,8 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
 
 from ..config import JetFlowServerConfig
-from ..tree_batch import TreeBatch, build_topb, root_only
+from ..registry import HEAD_DRAFTERS, SERVER_DRAFTERS, spec
+from ..tree_batch import TreeBatch, root_only
 from .accept import accept_batch, to_sglang
 from .head_pool import HeadKVPool, SlotTokens, slots_of
 from .penalties import PathPenalties
@@ -37,7 +38,6 @@ from .tp_sync import broadcast_from_rank0, broadcast_object_from_rank0, make_gen
 from .verify_input import JetFlowVerifyInput, verify_tensors
 
 logger = logging.getLogger(__name__)
-BATCHED_HEAD_DRAFTERS = ("jetflow", "ddtree", "dflash")
 
 
 class StepStats:
@@ -110,9 +110,9 @@ class JetFlowWorker(BaseSpecWorker):
         if self.head is None and self.cfg.drafter not in ("ngram", "ar"):
             raise ValueError(f"JETFLOW drafter {self.cfg.drafter!r} needs a head")
         self.drafter_name = self._drafter_name()
-        if self.head is not None and self.drafter_name not in BATCHED_HEAD_DRAFTERS:
+        if not spec(self.drafter_name).server:
             raise ValueError(f"JETFLOW_DRAFTER={self.drafter_name} is not available in the batched server; "
-                             f"use one of {', '.join(BATCHED_HEAD_DRAFTERS)}")
+                             f"use one of {', '.join(n for n in SERVER_DRAFTERS if n in HEAD_DRAFTERS)}")
         self.ngram = None  # prompt lookup: merged into the head's trees (JETFLOW_LOOKUP), or the head-less drafter
         if (self.head is not None and self.cfg.lookup) or (self.head is None and self.cfg.drafter == "ngram"):
             from ..drafters import NgramDrafter
@@ -121,10 +121,11 @@ class JetFlowWorker(BaseSpecWorker):
         self.depth = self._depth()
         self.width = self.cfg.width
         self.head_drafter = None
-        if self.head is not None:  # the core's block forward and top-k, over the pool's padded context K/V
+        if self.head is not None:  # the registry's drafter, drafting the batch over the pool's padded context K/V
             from ..drafters import HeadDrafter
 
-            self.head_drafter = HeadDrafter(self.head, width=self.width, depth=self.depth)
+            self.head_drafter = HeadDrafter(self.head, mode=spec(self.drafter_name).mode, width=self.width,
+                                            depth=self.depth, name=self.drafter_name)
         self.capture = CaptureHiddenMode.FULL if self.head is not None else None
         if str(self.device) == "cpu":  # verify GEMMs of batch x tree rows at one weight read (cpu_gemm.py)
             from .cpu_gemm import install
@@ -142,14 +143,9 @@ class JetFlowWorker(BaseSpecWorker):
 
     # -- setup -------------------------------------------------------------------------------------------------
     def _load_head(self):
-        try:
-            from .target_view import load_head_for_runner
-        except ImportError:  # H4's TP-safe view not landed yet
-            load_head_for_runner = None
-        if load_head_for_runner is not None:
-            head = load_head_for_runner(self.model_runner, self.cfg.head_dir)
-        else:
-            head = self._load_head_local()
+        from .target_view import load_head_for_runner
+
+        head = load_head_for_runner(self.model_runner, self.cfg.head_dir)
         model = self.model_runner.model
         taps = list(head.config.tap_layers)
         if taps != sorted(taps):
@@ -176,19 +172,6 @@ class JetFlowWorker(BaseSpecWorker):
             if self.cfg.drafter != "jetflow":  # an explicit choice that does not fit the head
                 raise
             return drafter_for(self.head.config, None)
-
-    def _load_head_local(self):
-        import types
-
-        from ..head import load_head
-
-        model, hf = self.model_runner.model, self.model_runner.model_config.hf_config
-        v = hf.vocab_size
-        emb = torch.nn.Embedding(v, hf.hidden_size, _weight=model.model.embed_tokens.weight[:v], _freeze=True)
-        view = types.SimpleNamespace(config=hf, get_input_embeddings=lambda: emb,
-                                     get_output_embeddings=lambda: types.SimpleNamespace(weight=model.lm_head.weight[:v]),
-                                     parameters=model.parameters)
-        return load_head(self.cfg.head_dir, view, device=self.device)
 
     def _depth(self) -> int:
         if self.head is not None:
@@ -327,18 +310,11 @@ class JetFlowWorker(BaseSpecWorker):
         ctx_lens = batch.seq_lens.to(self.device)  # committed tokens before each anchor
         max_len = int(batch.seq_lens_cpu.max()) if batch.seq_lens_cpu is not None else int(ctx_lens.max())
         slots = slots_of(batch.req_to_token_pool.req_to_token, batch.req_pool_indices, ctx_lens, max_len)
-        tree = root_only(anchors, budget) if self.head is None else self._head_tree(anchors, slots, ctx_lens, budget)
+        tree = root_only(anchors, budget) if self.head is None else \
+            self.head_drafter.draft_batch(anchors, self.pool.gather(slots), ctx_lens, budget)
         if self.ngram is not None:  # at T > 0 the device accept tests a node's first `width` (best) children
             tree = self.ngram.merge_batch(tree, self.tokens.history(slots), ctx_lens, budget)
         return tree
-
-    def _head_tree(self, anchors, slots, ctx_lens, budget: int) -> TreeBatch:
-        """One block forward for all requests over their paged context K/V -> per-depth top-k -> exact top-B trees."""
-        toks, lps = self.head_drafter.topk_batch(anchors, self.pool.gather(slots), ctx_lens,
-                                                 self.head_drafter.levels(budget))  # only the levels it can reach
-        if self.drafter_name == "dflash":  # the head's argmax chain
-            toks, lps = toks[:, :, :1], lps[:, :, :1]
-        return build_topb(anchors, toks, lps, budget)
 
     # -- verify: one TARGET_VERIFY forward --------------------------------------------------------------------
     @torch.no_grad()
