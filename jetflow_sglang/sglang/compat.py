@@ -36,6 +36,46 @@ ATTRS = {
 }
 
 
+# Every SGLang function or object the plugin changes at run time, in one list (no SGLang file on disk is modified;
+# everything else goes through SGLang's own plugin API: the algorithm registry, register_attention_backend, resolution
+# hooks). (dotted target, the module that wraps it, why). check() verifies each target exists in the installed SGLang.
+PATCHES = [
+    ("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request", "request_guard.py",
+     "an AROUND hook (SGLang's HookRegistry): empty prompts, out-of-vocabulary ids and unbounded sampling or logprob "
+     "values get a 400 instead of ending the scheduler"),
+    ("sglang.srt.entrypoints.http_server.app", "request_guard.py",
+     "an ASGI middleware added at import: non-object JSON bodies and crashes inside body validation get a 400"),
+    ("sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController._add_speculative",
+     "worker.py", "/server_info gains the worker's per-step state and avg_spec_accept_length from the first round"),
+    ("sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator.__init__", "memory.py",
+     "the per-token KV cell size counts the head's K/V and token-id rows, so the pool fits the memory budget"),
+    ("sglang.srt.runtime_context.get_spec", "worker.py",
+     "speculative_num_draft_tokens is lowered at run time near a full KV pool (the decode reservation reads it)"),
+    ("sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head", "cpu_gemm.py",
+     "CPU only, per model instance: multi-row LM-head products as W @ X^T (rowgemm)"),
+    ("sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod", "cpu_gemm.py",
+     "CPU only: the target's unquantized linear layers switch to a subclass that runs rowgemm"),
+    ("sgl_kernel", "cpu_ops.py",
+     "CPU only (JETFLOW_SGLANG_CPU=1): a pure-torch stand-in module for the CUDA-only kernels, and a torchvision stub"),
+]
+
+
+def _resolves(dotted: str) -> bool:
+    """True when `dotted` names an importable module or an attribute chain under one."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for name in parts[i:]:
+            if not hasattr(obj, name):
+                return False
+            obj = getattr(obj, name)
+        return True
+    return False
+
+
 class SGLangVersionError(ImportError):
     pass
 
@@ -69,6 +109,7 @@ def check() -> None:
     for (mod_name, obj), attrs in ATTRS.items():
         target = getattr(importlib.import_module(mod_name), obj, None)
         missing += [f"{mod_name}.{obj}.{a}" for a in attrs if target is not None and not hasattr(target, a)]
+    missing += [f"{target} (wrapped by {where})" for target, where, _ in PATCHES if not _resolves(target)]
     if missing:
         raise SGLangVersionError(f"the JETFLOW SGLang plugin is written for sglang=={SGLANG_VERSION} but sglang=={have} "
                                  f"lacks: {', '.join(missing)}. Install sglang=={SGLANG_VERSION}.")

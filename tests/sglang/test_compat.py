@@ -1,0 +1,38 @@
+"""The one list of SGLang run-time patches (compat.PATCHES): every target exists in the installed SGLang, the check
+names a missing one, and every wrapping module really touches its target."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+if os.environ.get("JETFLOW_SKIP_SGLANG") == "1":
+    pytest.skip("no SGLang", allow_module_level=True)
+
+from jetflow_sglang.sglang import compat, cpu_ops  # noqa: E402
+
+MODULES = Path(compat.__file__).parent
+
+
+def test_every_patch_target_resolves_and_check_passes():
+    cpu_ops.install()  # the CPU shims (JETFLOW_SGLANG_CPU=1 in the servers)
+    assert len(compat.PATCHES) >= 8
+    for target, where, why in compat.PATCHES:
+        assert compat._resolves(target), target
+        assert (MODULES / where).is_file() and why
+    compat.check()
+
+
+def test_a_missing_target_is_named(monkeypatch):
+    cpu_ops.install()
+    monkeypatch.setattr(compat, "PATCHES", compat.PATCHES + [("sglang.srt.nowhere.Thing.method", "worker.py", "x")])
+    with pytest.raises(compat.SGLangVersionError) as e:
+        compat.check()
+    assert "sglang.srt.nowhere.Thing.method (wrapped by worker.py)" in str(e.value)
+
+
+def test_each_wrapping_module_names_its_target():
+    """A patch added without its row here (or a row whose module no longer touches the target) fails this test."""
+    for target, where, _ in compat.PATCHES:
+        assert target.split(".")[-1] in (MODULES / where).read_text(), (target, where)
