@@ -127,6 +127,15 @@ class Server:
         return requests.post(self.url + path, json=body, timeout=timeout)
 
 
+def running(*servers: Server):
+    """A module fixture's body: yields the servers (a tuple) once every one is ready, and always stops them all."""
+    try:
+        yield tuple(s.wait_ready() for s in servers)
+    finally:
+        for s in servers:
+            s.stop()
+
+
 def jetflow_server(target, head, log: Path, budget: int, *extra: str) -> Server:
     """A float32 JETFLOW server on a tiny target with a tiny head (not started: call wait_ready)."""
     return Server(str(target), ["--dtype", "float32", "--speculative-algorithm", "JETFLOW",

@@ -39,7 +39,7 @@ import requests
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sgl_server import Server, jetflow_server  # noqa: E402
+from sgl_server import Server, jetflow_server, running  # noqa: E402
 
 torch.set_num_threads(1)
 if os.environ.get("JETFLOW_SKIP_SGLANG") != "1":  # the lite install: bash scripts/install_sglang_cpu.sh .venv
@@ -216,11 +216,7 @@ def servers(tmp_path_factory):
     logs = tmp_path_factory.mktemp("sgl_frontend")
     spec = jetflow_server(target, head, logs / "jetflow.log", BUDGET, "--sleep-on-idle")
     plain = Server(target, ["--dtype", "float32", "--sleep-on-idle"], logs / "plain.log")
-    try:
-        yield spec.wait_ready(), plain.wait_ready()
-    finally:
-        spec.stop()
-        plain.stop()
+    yield from running(spec, plain)
 
 
 @pytest.fixture(scope="module")

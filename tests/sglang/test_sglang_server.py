@@ -13,7 +13,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from sgl_fixtures import build_tiny_head, build_tiny_qwen3, hf_greedy  # noqa: E402
-from sgl_server import Server  # noqa: E402
+from sgl_server import Server, running  # noqa: E402
 
 torch.set_num_threads(1)
 if os.environ.get("JETFLOW_SKIP_SGLANG") != "1":  # the lite install: bash scripts/install_sglang_cpu.sh .venv
@@ -42,11 +42,7 @@ def servers(models, tmp_path_factory):
                            "--max-running-requests", "8"],  # the radix cache stays on (SGLang's default)
                   logs / "jetflow.log")  # a fixed budget: accept lengths are deterministic (auto: test_sglang_serving)
     plain = Server(target, ["--dtype", "float32", "--max-running-requests", "8"], logs / "plain.log")
-    try:
-        yield spec.wait_ready(), plain.wait_ready()
-    finally:
-        spec.stop()
-        plain.stop()
+    yield from running(spec, plain)
 
 
 @pytest.fixture(scope="module")
