@@ -30,7 +30,8 @@ for name, default in [("torch", "2.13.0"), ("numpy", None), ("tokenizers", None)
 open(sys.argv[1], "w").write("\n".join(pins) + "\n")
 PY
 
-# The pure deps SGLang imports on the CPU serving path (from its Requires-Dist, minus CUDA/kernel/vision/audio).
+# The pure deps SGLang imports on the CPU serving path (from its Requires-Dist, minus CUDA/kernel/vision/audio),
+# and the one its test utilities add.
 DEPS=(
   "sglang==$SGLANG_VERSION" aiohttp anthropic "apache-tvm-ffi==0.1.11" "blobfile==3.0.0" "compressed-tensors==0.18.0"
   distro easydict "openai>=1.0" einops fastapi gguf interegular msgspec "openai-harmony==0.0.4" orjson packaging
@@ -38,6 +39,7 @@ DEPS=(
   python-multipart "pyzmq>=25.1.2" regex requests scipy "sentencepiece==0.2.1" setproctitle tiktoken tqdm
   "transformers==5.19.0" "uvicorn>=0.51" uvloop watchfiles "xgrammar==0.2.7" xxhash zstandard ninja
   "llguidance>=1.7.6,<2" "triton>=3.6" IPython dill jsonschema "soundfile==0.13.1"
+  datasets  # not for serving: sglang.test.test_utils (SGLang's conformance kits, tests/sglang/test_spec_kits.py)
 )
 
 if "$PY" - "${DEPS[@]}" <<'PY'
