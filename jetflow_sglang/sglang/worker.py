@@ -81,11 +81,10 @@ def _install_server_info_hook() -> None:
         worker = getattr(self.scheduler, "draft_worker", None)
         if hasattr(worker, "jetflow_server_info"):
             state["jetflow"] = worker.jetflow_server_info()
-            if state.get("avg_spec_accept_length") is None:  # SGLang folds its counters in only every
-                m = self.scheduler.metrics_reporter          # --decode-log-interval steps: count the open interval too
-                rounds = m.spec_total_num_forward_ct + m.spec_num_forward_ct
-                if rounds > 0:
-                    state["avg_spec_accept_length"] = (m.spec_total_num_accept_tokens + m.spec_num_accept_tokens) / rounds
+            m = self.scheduler.metrics_reporter  # SGLang folds its counters in every --decode-log-interval steps
+            rounds = m.spec_total_num_forward_ct + m.spec_num_forward_ct  # only: count the open interval too
+            if state.get("avg_spec_accept_length") is None and rounds > 0:
+                state["avg_spec_accept_length"] = (m.spec_total_num_accept_tokens + m.spec_num_accept_tokens) / rounds
 
     _add_speculative._jetflow = True
     C._add_speculative = _add_speculative
@@ -107,7 +106,7 @@ class JetFlowWorker(BaseSpecWorker):
         self.cfg = JetFlowServerConfig.from_server_args(server_args)
         self.n = self.cfg.budget
         self.head = self._load_head() if self.cfg.needs_head else None
-        if self.head is None and self.cfg.drafter not in ("ngram", "ar"):
+        if self.head is None and spec(self.cfg.drafter).head is not None:
             raise ValueError(f"JETFLOW drafter {self.cfg.drafter!r} needs a head")
         self.drafter_name = self._drafter_name()
         if not spec(self.drafter_name).server:
@@ -365,10 +364,11 @@ class JetFlowWorker(BaseSpecWorker):
         bs, n = tree.tokens.shape
         predict, accept_index, accept_lens, _ = to_sglang(tree.tokens, path, bonus, n)
         move_accept_tokens_to_target_kvcache(batch, accept_index, accept_lens - 1, self.token_to_kv_pool_allocator)
+        # the verify rows of each request's accepted path, root first, at the front of its window (padding: its root)
+        src = torch.where(accept_index >= 0, accept_index.long(),
+                          (torch.arange(bs, device=self.device) * n)[:, None].expand(bs, n)).reshape(-1)
         if self.pool is not None or self.tokens is not None:  # per-slot rows of the accepted nodes
             cols = torch.arange(n, device=self.device)[None]
-            src = torch.where(accept_index >= 0, accept_index.long(),
-                              (torch.arange(bs, device=self.device) * n)[:, None].expand(bs, n)).reshape(-1)
             pos = batch.seq_lens.long()[:, None] + cols
             loc = batch.req_to_token_pool.req_to_token[batch.req_pool_indices.long()[:, None], pos]
             keep = cols < accept_lens[:, None]  # only accepted rows: the others may hold nothing of this request
@@ -381,6 +381,8 @@ class JetFlowWorker(BaseSpecWorker):
             from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 
             compute_spec_logprobs(batch, out, predict, accept_index=accept_index)
+        if out.hidden_states is not None and any(r.return_hidden_states for r in batch.reqs):
+            out.hidden_states = out.hidden_states[src]  # SGLang returns rows [i*n, i*n + accept_len) per request
         new_seq_lens = batch.seq_lens + accept_lens
         if on_publish is not None:
             on_publish(new_seq_lens)
