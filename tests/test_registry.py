@@ -19,7 +19,8 @@ def test_every_list_of_drafters_is_the_registry():
     import jetflow_sglang.head as head
 
     assert drafters.DRAFTERS == config.DRAFTERS == registry.DRAFTERS == tuple(registry.REGISTRY)
-    assert head.CAUSAL_DRAFTERS == registry.CAUSAL_DRAFTERS and head.BIDIRECTIONAL_DRAFTERS == registry.BIDIRECTIONAL_DRAFTERS
+    assert head.CAUSAL_DRAFTERS == registry.CAUSAL_DRAFTERS
+    assert head.BIDIRECTIONAL_DRAFTERS == registry.BIDIRECTIONAL_DRAFTERS
     choices = next(a for a in parser()._subparsers._group_actions[0].choices["generate"]._actions
                    if a.dest == "drafter").choices
     assert tuple(choices) == registry.DRAFTERS

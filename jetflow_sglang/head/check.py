@@ -182,13 +182,11 @@ def check_head_files(head_dir, target_config=None, *, sglang: bool = False) -> J
             target = SimpleNamespace(**{**vars(target), "architectures": [cfg.target.get("architecture")]})
         if sglang and cfg.target.get("num_hidden_layers") in (None, target.num_hidden_layers):
             check_taps_for_sglang(cfg, target.num_hidden_layers)  # before check_target's looser 0..L-1 range
-        cfg.check_target(target)
+        cfg.check_target(target)  # (a head built for another layer count fails here, so the taps were checked)
         vocab = target.vocab_size
         if cfg.draft_vocab_size > vocab:
             raise HeadMismatchError(f"head draft_vocab_size {cfg.draft_vocab_size} exceeds the target's vocabulary "
                                     f"({vocab})")
-        if sglang:
-            check_taps_for_sglang(cfg, target.num_hidden_layers)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"no weights in {path} (expected model.safetensors)")
