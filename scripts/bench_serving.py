@@ -42,7 +42,7 @@ def _bf16_isa() -> str:
     return "AMX" if "amx_bf16" in flags else "AVX512-BF16" if "avx512_bf16" in flags else "no bf16"
 
 
-CONFIGS = ("nospec", "jetflow-b8", "jetflow-b16", "jetflow-auto", "ngram")  # the default run
+CONFIGS = ("nospec", "jetflow-b8", "jetflow-b16", "jetflow-default", "jetflow-auto", "ngram")  # the default run
 EXTRA = ("jetflow-b1",  # JETFLOW's plain step alone (budget 1: no head forward, a one-node verify)
          "jetflow-b2", "jetflow-b4",  # small fixed trees (what `auto` picks at larger batches)
          "jetflow-auto-nolookup", "jetflow-b8-nolookup", "jetflow-b16-nolookup")  # JETFLOW_LOOKUP=off (the head alone)
@@ -84,7 +84,9 @@ def config_args(name: str, head: str | None, drafter: str) -> tuple[list[str], d
     if name == "ngram":  # SGLang's own algorithm; on CPU it verifies through JetFlow's tree backend
         return ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8",
                 "--attention-backend", "jetflow_tree_native"], {}
-    if name == "jetflow-auto":
+    if name == "jetflow-default":  # what a user gets with no budget setting: auto, up to 8 nodes
+        return ["--speculative-algorithm", "JETFLOW", *head_args], env
+    if name == "jetflow-auto":  # auto up to 16 nodes
         return ["--speculative-algorithm", "JETFLOW", "--speculative-num-draft-tokens", "16", *head_args], \
             {**env, "JETFLOW_BUDGET": "auto"}
     budget = int(name.rsplit("-b", 1)[1])
