@@ -2,7 +2,7 @@
 
 Light on import: the SGLang plugin imports this package in every SGLang process.
 """
-from .paths import default_paths
+from jetflow_sglang.paths import default_paths
 
 __version__ = "0.1.0"
 __all__ = ["default_paths", "__version__"]

@@ -11,11 +11,11 @@ import json
 import math
 import sys
 
-from .budget import MAX_BUDGET, parse_budget
-from .head import CheckpointError, HeadMismatchError
-from .paths import DEFAULT_HEAD_DIR, bidir_dir, default_paths
-from .registry import DEFAULT_WIDTH, DRAFTERS, TREES
-from .stack import check_device, load_stack
+from jetflow_sglang.core.budget import MAX_BUDGET, parse_budget
+from jetflow_sglang.head import CheckpointError, HeadMismatchError
+from jetflow_sglang.paths import DEFAULT_HEAD_DIR, bidir_dir, default_paths
+from jetflow_sglang.draft.registry import DEFAULT_WIDTH, DRAFTERS, TREES
+from jetflow_sglang.engine.stack import check_device, load_stack
 
 __all__ = ["bidir_dir", "load_stack", "main", "parser"]  # cli.load_stack: alias of stack.load_stack
 
@@ -98,8 +98,8 @@ def cmd_generate(a) -> int:
 
     import torch
 
-    from .engine import Result, autoregressive, generate
-    from .verify import check_sampling
+    from jetflow_sglang.engine.loop import Result, autoregressive, generate
+    from jetflow_sglang.core.verify import check_sampling
 
     check_prompt_text(a.prompt)
     check_sampling(a.temperature, a.top_k, a.top_p)
@@ -117,7 +117,7 @@ def cmd_generate(a) -> int:
         autoregressive(target, ids, **{**kw, "max_new_tokens": 2})  # warm-up, so both runs start hot
         ar = autoregressive(target, ids, **kw)
     if a.budget == "auto":  # the verify-cost prior is measured once per machine (cached), like loading the model
-        from .budget import measure_cost_prior
+        from jetflow_sglang.engine.profiling import measure_cost_prior
 
         measure_cost_prior(target)
     res = Result(list(ids), [])
@@ -134,7 +134,7 @@ def cmd_generate(a) -> int:
     text = target.tokenizer.decode(res.tokens, skip_special_tokens=True)
     div = None
     if ar and a.temperature == 0 and res.tokens != ar.tokens:  # greedy runs should agree: show where and why not
-        from .diverge import first_divergence
+        from jetflow_sglang.engine.diverge import first_divergence
 
         div = first_divergence(target, list(ids), res.tokens, ar.tokens)
     base = getattr(drafter, "base", drafter)  # the head drafter under a WithLookup
@@ -161,7 +161,7 @@ def cmd_generate(a) -> int:
             stats += ", identical to AR: True"
     print(stats, file=sys.stderr)
     if div:
-        from .diverge import format_divergence
+        from jetflow_sglang.engine.diverge import format_divergence
 
         print("[jetflow] " + format_divergence(div, target.tokenizer), file=sys.stderr)
     if a.json:

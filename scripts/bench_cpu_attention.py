@@ -22,10 +22,10 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import kernels.hf_tree_attention as hta  # noqa: E402
-from jetflow_sglang.budget import _cpu_model  # noqa: E402
-from jetflow_sglang.stack import load_stack  # noqa: E402
-from jetflow_sglang.tree import DraftTree  # noqa: E402
+import jetflow_sglang.kernels.hf_tree_attention as hta  # noqa: E402
+from jetflow_sglang.engine.profiling import cpu_model  # noqa: E402
+from jetflow_sglang.engine.stack import load_stack  # noqa: E402
+from jetflow_sglang.core.tree import DraftTree  # noqa: E402
 
 MODES = ("sdpa", "float32", "float64")
 
@@ -86,7 +86,7 @@ def main() -> int:
     hta.AttentionInterface.register(hta.NAME, hta.jetflow_tree_attention)
     target.exact = False
     meta = {"command": "python " + " ".join(shlex.quote(x) for x in sys.argv),
-            "machine": f"{_cpu_model()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+            "machine": f"{cpu_model()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
                        f"{platform.python_version()}",
             "dtype": str(target.dtype).removeprefix("torch."), "date": time.strftime("%Y-%m-%d %H:%M"),
             "reps": a.reps}

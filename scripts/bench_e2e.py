@@ -41,13 +41,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_tau import build_drafter, load_prompts  # noqa: E402
-from jetflow_sglang import rowgemm  # noqa: E402
-from jetflow_sglang.budget import _cpu_model, measure_cost_prior  # noqa: E402
-from jetflow_sglang.drafters import make_drafter  # noqa: E402
-from jetflow_sglang.engine import autoregressive, run  # noqa: E402
+from jetflow_sglang.core import rowgemm  # noqa: E402
+from jetflow_sglang.engine.profiling import cpu_model, measure_cost_prior  # noqa: E402
+from jetflow_sglang.draft.drafters import make_drafter  # noqa: E402
+from jetflow_sglang.engine.loop import autoregressive, run  # noqa: E402
 
 try:
-    from jetflow_sglang.stack import load_stack  # noqa: E402
+    from jetflow_sglang.engine.stack import load_stack  # noqa: E402
 except ImportError:  # before stack.py lands
     from jetflow_sglang.cli import load_stack  # noqa: E402
 
@@ -125,7 +125,7 @@ def bench_drafter(name: str, tree: str, head, width: int):
 def time_builder(batch: int = 8, budget: int = 256, depth: int = 16, width: int = 8, reps: int = 30) -> dict | None:
     """ms of tree_batch.build_topb for `batch` requests at `budget` (min and median of reps); None if not there."""
     try:
-        from jetflow_sglang.tree_batch import build_topb
+        from jetflow_sglang.core.tree_batch import build_topb
     except ImportError:
         return None
     gen = torch.Generator().manual_seed(0)
@@ -256,7 +256,7 @@ def markdown(meta: dict, summary: dict, builder: dict | None, auto_hist: dict, g
             f"{b}: {n}" for b, n in sorted(auto_hist.get(auto, {}).items())))
     lines.append("- batched builder (tree_batch.build_topb), batch 8 at B=256: " + (
         f"{builder['min_ms']:.2f} ms min, {builder['median_ms']:.2f} ms median (target < 2 ms)" if builder
-        else "not available (jetflow_sglang.tree_batch missing)"))
+        else "not available (jetflow_sglang.core.tree_batch missing)"))
     if goals:
         lines += ["", f"## Targets ({DEFAULT}, the default drafter)\n",
                   "90% interval: paired bootstrap over the set's prompts (how much the verdict hangs on which prompts "
@@ -301,7 +301,7 @@ def plot(summary: dict, path: Path) -> None:
 def machine_info(target) -> str:
     import transformers
 
-    return (f"{_cpu_model()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, {platform.machine()}, "
+    return (f"{cpu_model()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, {platform.machine()}, "
             f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}"
             + (f", {torch.cuda.get_device_name()}" if target.device.type == "cuda" else ""))
 

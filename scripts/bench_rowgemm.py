@@ -21,10 +21,10 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jetflow_sglang import rowgemm  # noqa: E402
-from jetflow_sglang.budget import _cpu_model, tune_gemm  # noqa: E402
-from jetflow_sglang.stack import load_stack  # noqa: E402
-from jetflow_sglang.tree import DraftTree  # noqa: E402
+from jetflow_sglang.core import rowgemm  # noqa: E402
+from jetflow_sglang.engine.profiling import cpu_model, tune_gemm  # noqa: E402
+from jetflow_sglang.engine.stack import load_stack  # noqa: E402
+from jetflow_sglang.core.tree import DraftTree  # noqa: E402
 
 PROMPT = ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
           "How many clips did Natalia sell altogether in April and May?")
@@ -71,7 +71,7 @@ def main() -> int:
     rows = [{"n": n, **{f"{m}_ms": round(med[m][n] * 1e3, 1) for m in modes},
              **{f"{m}_ratio": round(med[m][n] / med[m][1], 2) for m in modes},
              "speedup": round(med["stock"][n] / med["rowgemm"][n], 2)} for n in sizes]
-    meta = {"command": "python " + " ".join(shlex.quote(x) for x in sys.argv), "machine": f"{_cpu_model()}, "
+    meta = {"command": "python " + " ".join(shlex.quote(x) for x in sys.argv), "machine": f"{cpu_model()}, "
             f"{torch.get_num_threads()} threads, torch {torch.__version__}, {platform.python_version()}",
             "dtype": str(target.dtype).removeprefix("torch."), "date": time.strftime("%Y-%m-%d"), "reps": a.reps}
     meta["tune_gemm"] = "rowgemm" if tune_gemm(target, cache=False) else "stock"  # what the engine keeps here
@@ -84,7 +84,7 @@ def main() -> int:
     md += [f"| {r['n']} | {r['stock_ms']} | {r['rowgemm_ms']} | {r['stock_ratio']} | {r['rowgemm_ratio']} | "
            f"{r['speedup']}x |" for r in rows]
     md.append("\nOne node runs the same kernel (F.linear) in both modes, so its speedup column shows this run's noise.")
-    md.append(f"\n`budget.tune_gemm` (a verify at 4 and 16 nodes, both ways, at most 0.9x to keep rowgemm) chose here: "
+    md.append(f"\n`profiling.tune_gemm` (a verify at 4 and 16 nodes, both ways, at most 0.9x to keep rowgemm) chose here: "
               f"**{meta['tune_gemm']}** (float32 only; bfloat16 always runs stock).")
     out.with_suffix(".md").write_text("\n".join(md) + "\n")
     print("\n".join(md))

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "sglang"))
 from sgl_server import Server  # noqa: E402  (the same launcher the e2e tests use)
 
-from jetflow_sglang.budget import _cpu_model  # noqa: E402
+from jetflow_sglang.engine.profiling import cpu_model  # noqa: E402
 
 
 def _bf16_isa() -> str:
@@ -243,7 +243,7 @@ def main(argv=None) -> int:
 
     from jetflow_sglang.paths import default_paths
 
-    from jetflow_sglang.target import resolve_dtype
+    from jetflow_sglang.engine.target import resolve_dtype
 
     dtype = resolve_dtype(a.dtype, "cpu")
     target, shipped = default_paths() if not (a.model and a.head) else (a.model, a.head)
@@ -312,7 +312,7 @@ def main(argv=None) -> int:
     meta = {"command": " ".join(["python", "scripts/bench_serving.py", *(argv if argv is not None else sys.argv[1:])]),
             "model": model, "head": head, "drafter": drafter, "dtype": dtype, "max_tokens": a.max_tokens,
             "requests_per_level": a.requests, "rounds": a.rounds, "prefix_tokens": a.prefix_tokens, "threads": a.threads,
-            "machine": f"{_cpu_model()} ({_bf16_isa()}), {platform.machine()}, {os.cpu_count()} cores",
+            "machine": f"{cpu_model()} ({_bf16_isa()}), {platform.machine()}, {os.cpu_count()} cores",
             "sglang": _version("sglang"), "torch": _version("torch"), "date": time.strftime("%Y-%m-%d %H:%M")}
     print(write_report(out, meta, results, failures))
     return 0

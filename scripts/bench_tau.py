@@ -3,7 +3,7 @@
     python scripts/bench_tau.py                       # the full setting: 40 prompts x 4 sets, 256 new tokens
     python scripts/bench_tau.py --limit 10 --max-new-tokens 128   # what fits in ~30 CPU minutes
 
-tau comes from the exact offline walk (jetflow_sglang.offline): the target's greedy continuation (unbatched greedy
+tau comes from the exact offline walk (jetflow_sglang.engine.offline): the target's greedy continuation (unbatched greedy
 decoding, one prompt at a time, so no left-padding changes it) decides every round, so no verify forward is needed per
 drafter and budget. Tree drafters (jetflow, ddtree) run with both builders: the exact top-B builder (the default) and
 the paper's eager form (rows named "<drafter> (paper tree)"), so the head's gain and the builder's gain are separate.
@@ -31,17 +31,17 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jetflow_sglang.budget import _cpu_model  # noqa: E402
-from jetflow_sglang.drafters import make_drafter  # noqa: E402
-from jetflow_sglang.engine import autoregressive, run  # noqa: E402
+from jetflow_sglang.engine.profiling import cpu_model  # noqa: E402
+from jetflow_sglang.draft.drafters import make_drafter  # noqa: E402
+from jetflow_sglang.engine.loop import autoregressive, run  # noqa: E402
 from jetflow_sglang.head import load_head  # noqa: E402
-from jetflow_sglang.offline import OracleDrafter, walk  # noqa: E402
+from jetflow_sglang.engine.offline import OracleDrafter, walk  # noqa: E402
 from jetflow_sglang.paths import DEFAULT_HEAD_DIR  # noqa: E402
-from jetflow_sglang.target import Target  # noqa: E402
-from jetflow_sglang.tree import DraftTree  # noqa: E402
+from jetflow_sglang.engine.target import Target  # noqa: E402
+from jetflow_sglang.core.tree import DraftTree  # noqa: E402
 
 try:
-    from jetflow_sglang.stack import load_stack, pick_head  # noqa: E402
+    from jetflow_sglang.engine.stack import load_stack, pick_head  # noqa: E402
 except ImportError:  # before stack.py lands
     from jetflow_sglang.cli import load_stack  # noqa: E402
     pick_head = None
@@ -113,7 +113,7 @@ def load_heads(a) -> tuple[Target, object, object]:
 def machine(target: Target) -> str:
     import os
 
-    return (f"{_cpu_model()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, {platform.machine()}, "
+    return (f"{cpu_model()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, {platform.machine()}, "
             f"python {platform.python_version()}, torch {torch.__version__}"
             + (f", {torch.cuda.get_device_name()}" if target.device.type == "cuda" else ""))
 

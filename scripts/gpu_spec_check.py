@@ -22,9 +22,9 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jetflow_sglang.diverge import first_divergence  # noqa: E402
-from jetflow_sglang.engine import autoregressive, run  # noqa: E402
-from jetflow_sglang.stack import load_stack  # noqa: E402
+from jetflow_sglang.engine.diverge import first_divergence  # noqa: E402
+from jetflow_sglang.engine.loop import autoregressive, run  # noqa: E402
+from jetflow_sglang.engine.stack import load_stack  # noqa: E402
 
 
 def prompts(n: int) -> list[str]:

@@ -6,7 +6,7 @@
 # Why not `pip install sglang==0.5.23`: it pins torch==2.14.1 (a CUDA build) plus ~20 CUDA/kernel wheels (11 GB).
 # Instead: keep the venv's torch, install sglang --no-deps, then the pure-Python deps it imports, under a
 # constraint that freezes torch/transformers/numpy. The CUDA-only `sgl_kernel` and a torchvision that cannot
-# load beside CPU torch are served by jetflow_sglang.sglang.cpu_ops when JETFLOW_SGLANG_CPU=1.
+# load beside CPU torch are served by jetflow_sglang.sglang.cpu.ops when JETFLOW_SGLANG_CPU=1.
 # Idempotent: a second run with everything present only checks and returns.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -67,5 +67,5 @@ fi
 # The CPU shim must be active before SGLang's first import in every process (the scheduler is spawned, and it
 # imports sgl_kernel at module level), so a .pth hook loads it; it does nothing unless JETFLOW_SGLANG_CPU=1.
 SITE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-echo 'import os; os.environ.get("JETFLOW_SGLANG_CPU", "").strip().lower() in ("1", "true", "yes", "on") and __import__("jetflow_sglang.sglang.cpu_boot")' > "$SITE/jetflow_sglang_cpu.pth"
+echo 'import os; os.environ.get("JETFLOW_SGLANG_CPU", "").strip().lower() in ("1", "true", "yes", "on") and __import__("jetflow_sglang.sglang.cpu.boot")' > "$SITE/jetflow_sglang_cpu.pth"
 JETFLOW_SGLANG_CPU=1 "$PY" -c "import jetflow_sglang.sglang.compat as c; c.check()" && echo "[install_sglang_cpu] ok: $SITE/jetflow_sglang_cpu.pth"

@@ -5,7 +5,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from jetflow_sglang.head import JetFlowHead, JetFlowHeadConfig, init_from_target
-from jetflow_sglang.target import Target
+from jetflow_sglang.engine.target import Target
 
 FAMILIES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
 

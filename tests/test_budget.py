@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from jetflow_sglang.budget import AdaptiveBudget, interp_cost, parse_budget
+from jetflow_sglang.core.budget import AdaptiveBudget, interp_cost, parse_budget
 
 CPU_COST = {1: 36.0, 4: 41.0, 8: 45.0, 16: 55.0, 32: 70.0, 64: 100.0, 128: 170.0, 256: 320.0}  # ms, bf16 2 threads
 
@@ -140,29 +140,29 @@ def test_parse_budget():
 
 
 def test_measure_cost_prior_times_verify_and_caches_per_machine(tmp_path, monkeypatch):
-    from jetflow_sglang import budget
+    from jetflow_sglang.engine import profiling
     from tests.helpers import tiny_target
 
     target = tiny_target(seed=3)
     target.model.config._name_or_path = "tiny-test-model"  # a named checkpoint: the profile goes to disk
-    monkeypatch.setattr(budget, "_profile_path", lambda: tmp_path / "cost_profile.json")
-    monkeypatch.setattr(budget, "_MEMO", {})
-    prof = budget.measure_cost_prior(target, sizes=(1, 4), reps=1)
+    monkeypatch.setattr(profiling, "_profile_path", lambda: tmp_path / "cost_profile.json")
+    monkeypatch.setattr(profiling, "_MEMO", {})
+    prof = profiling.measure_cost_prior(target, sizes=(1, 4), reps=1)
     assert set(prof) == {1, 4} and all(v > 0 for v in prof.values())
     stored = json.loads((tmp_path / "cost_profile.json").read_text())
-    assert list(stored) == [budget.profile_key(target)] and '"dtype": "torch.float32"' in list(stored)[0]
-    monkeypatch.setattr(budget, "_MEMO", {})
-    monkeypatch.setattr(budget, "_time_verify", lambda *a: pytest.fail("the cached profile should be used"))
-    assert budget.measure_cost_prior(target, sizes=(1, 4), reps=1) == prof
-    ctl = budget.AdaptiveBudget(cost_prior=prof)
+    assert list(stored) == [profiling.profile_key(target)] and '"dtype": "torch.float32"' in list(stored)[0]
+    monkeypatch.setattr(profiling, "_MEMO", {})
+    monkeypatch.setattr(profiling, "_time_verify", lambda *a: pytest.fail("the cached profile should be used"))
+    assert profiling.measure_cost_prior(target, sizes=(1, 4), reps=1) == prof
+    ctl = AdaptiveBudget(cost_prior=prof)
     assert ctl.cost(1) == prof[1] and 1 <= ctl.choose() <= 16
 
 
 def test_auto_budget_is_lossless_and_moves():
-    from jetflow_sglang.drafters import make_drafter
-    from jetflow_sglang.engine import autoregressive, run
+    from jetflow_sglang.draft.drafters import make_drafter
+    from jetflow_sglang.engine.loop import autoregressive, run
     from tests.helpers import tiny_head, tiny_model
-    from jetflow_sglang.target import Target
+    from jetflow_sglang.engine.target import Target
 
     model = tiny_model("llama", vocab=64, seed=4)
     target = Target(model)
@@ -175,7 +175,7 @@ def test_auto_budget_is_lossless_and_moves():
 
 
 def test_the_regret_ledger_caps_exploration_even_when_bounds_are_too_optimistic(monkeypatch):
-    from jetflow_sglang import budget
+    from jetflow_sglang.core import budget
 
     steep = lambda n: 0.030 + 0.012 * (n - 1)  # noqa: E731
     prior = {n: steep(n) for n in (1, 4, 16, 64)}
@@ -189,16 +189,16 @@ def test_the_regret_ledger_caps_exploration_even_when_bounds_are_too_optimistic(
 
 
 def test_refresh_measures_again(monkeypatch):
-    from jetflow_sglang import budget
+    from jetflow_sglang.engine import profiling
     from tests.helpers import tiny_target
 
     target = tiny_target(seed=3)
-    monkeypatch.setattr(budget, "_MEMO", {})
+    monkeypatch.setattr(profiling, "_MEMO", {})
     calls = []
-    monkeypatch.setattr(budget, "_time_verify", lambda t, sizes, reps: calls.append(1) or {n: 0.01 * n for n in sizes})
-    budget.measure_cost_prior(target, sizes=(1, 4))
-    budget.measure_cost_prior(target, sizes=(1, 4))
-    budget.measure_cost_prior(target, sizes=(1, 4), refresh=True)
+    monkeypatch.setattr(profiling, "_time_verify", lambda t, sizes, reps: calls.append(1) or {n: 0.01 * n for n in sizes})
+    profiling.measure_cost_prior(target, sizes=(1, 4))
+    profiling.measure_cost_prior(target, sizes=(1, 4))
+    profiling.measure_cost_prior(target, sizes=(1, 4), refresh=True)
     assert len(calls) == 2
 
 
@@ -344,13 +344,14 @@ def test_costs_learnt_under_load_do_not_price_a_smaller_batch(overhead, per_requ
 def test_tune_gemm_keeps_rowgemm_only_where_the_verify_measured_faster(tmp_path, monkeypatch):
     """rowgemm's transposed products won 1.3-1.8x on an AVX2 EPYC and lost on an AVX-512/AMX Xeon: the choice is a
     measurement of the real verify both ways, cached per machine and model, and a fake timing decides it here."""
-    from jetflow_sglang import budget, rowgemm
+    from jetflow_sglang.core import rowgemm
+    from jetflow_sglang.engine import profiling
     from tests.helpers import tiny_target
 
     target = tiny_target(seed=3)
     target.model.config._name_or_path = "tiny-test-model"
-    monkeypatch.setattr(budget, "_profile_path", lambda: tmp_path / "cost_profile.json")
-    monkeypatch.setattr(budget, "_MEMO", {})
+    monkeypatch.setattr(profiling, "_profile_path", lambda: tmp_path / "cost_profile.json")
+    monkeypatch.setattr(profiling, "_MEMO", {})
     calls = []
 
     def fake(speed_on, speed_off):
@@ -360,24 +361,24 @@ def test_tune_gemm_keeps_rowgemm_only_where_the_verify_measured_faster(tmp_path,
         return timing
 
     try:
-        monkeypatch.setattr(budget, "_time_verify", fake(2.0, 1.0))  # rowgemm slower: off
-        assert budget.tune_gemm(target) is False and not rowgemm.active()
+        monkeypatch.setattr(profiling, "_time_verify", fake(2.0, 1.0))  # rowgemm slower: off
+        assert profiling.tune_gemm(target) is False and not rowgemm.active()
         assert calls.count(True) == calls.count(False) == 2
-        assert budget.profile_key(target).count('"gemm": "stock"') == 1
+        assert profiling.profile_key(target).count('"gemm": "stock"') == 1
         x, w = torch.randn(5, 32), torch.randn(48, 32)
         assert torch.equal(rowgemm.linear(x, w), torch.nn.functional.linear(x, w))  # stock, bit for bit
         calls.clear()
-        monkeypatch.setattr(budget, "_MEMO", {})
-        assert budget.tune_gemm(target) is False and calls == []  # the choice is cached on disk
-        monkeypatch.setattr(budget, "_profile_path", lambda: tmp_path / "other.json")
-        monkeypatch.setattr(budget, "_MEMO", {})
-        monkeypatch.setattr(budget, "_time_verify", fake(0.5, 1.0))  # another machine, where rowgemm wins
-        assert budget.tune_gemm(target) is True and rowgemm.active()
+        monkeypatch.setattr(profiling, "_MEMO", {})
+        assert profiling.tune_gemm(target) is False and calls == []  # the choice is cached on disk
+        monkeypatch.setattr(profiling, "_profile_path", lambda: tmp_path / "other.json")
+        monkeypatch.setattr(profiling, "_MEMO", {})
+        monkeypatch.setattr(profiling, "_time_verify", fake(0.5, 1.0))  # another machine, where rowgemm wins
+        assert profiling.tune_gemm(target) is True and rowgemm.active()
         assert rowgemm.linear(x, w).stride() == (1, 5)
-        monkeypatch.setattr(budget, "_MEMO", {})
-        monkeypatch.setattr(budget, "_time_verify", fake(0.95, 1.0))  # a 5% gain is within noise: off
-        monkeypatch.setattr(budget, "_profile_path", lambda: tmp_path / "third.json")
-        assert budget.tune_gemm(target) is False
+        monkeypatch.setattr(profiling, "_MEMO", {})
+        monkeypatch.setattr(profiling, "_time_verify", fake(0.95, 1.0))  # a 5% gain is within noise: off
+        monkeypatch.setattr(profiling, "_profile_path", lambda: tmp_path / "third.json")
+        assert profiling.tune_gemm(target) is False
     finally:
         rowgemm.activate(True)
 

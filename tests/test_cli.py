@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent / "sglang"))
-from sgl_fixtures import build_tiny_head, build_tiny_qwen3  # noqa: E402  (plain torch/transformers builders)
+from tests.sglang.sgl_fixtures import build_tiny_head, build_tiny_qwen3  # noqa: E402  (plain torch/transformers builders)
 
 from jetflow_sglang.cli import main  # noqa: E402
 from tests.helpers import tiny_model  # noqa: E402
@@ -56,7 +55,7 @@ def test_generate_json_is_lossless_and_reports(stack, capsys):
 @pytest.fixture
 def no_loading(monkeypatch):
     """Loading target weights is a test failure: these errors must come first."""
-    from jetflow_sglang.target import Target
+    from jetflow_sglang.engine.target import Target
 
     def refuse(*a, **k):
         raise AssertionError("the model was loaded before the bad input was rejected")
@@ -208,7 +207,7 @@ def test_released_heads_generate_losslessly(stack, capsys, tmp_path, causal):
 
 def test_compare_ar_names_the_first_difference(stack, capsys, monkeypatch):
     """When the texts differ, --compare-ar says where (position, both tokens) and the target's top-2 margins there."""
-    from jetflow_sglang import engine
+    from jetflow_sglang.engine import loop as engine
 
     real = engine.autoregressive
 
@@ -237,7 +236,7 @@ def test_tree_and_depth_options(stack, capsys, monkeypatch):
     res = json.loads(out)
     assert (res["tree"], res["depth"], res["lossless"]) == ("paper", 3, True)
     # deeper than the head's block (8 slots: 7 draft depths): one line, before the model loads
-    from jetflow_sglang.target import Target
+    from jetflow_sglang.engine.target import Target
     monkeypatch.setattr(Target, "from_pretrained", lambda *a, **k: pytest.fail("loaded before checking --depth"))
     code, _, err = run_cli(capsys, "hi", "--target", target, "--head", head, "--depth", "9")
     assert code == 2 and "depth must be an integer in [1, 7]" in one_line(err)

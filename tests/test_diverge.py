@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from jetflow_sglang.diverge import NEAR_TIE, first_divergence, format_divergence
-from jetflow_sglang.engine import autoregressive
+from jetflow_sglang.engine.diverge import NEAR_TIE, first_divergence, format_divergence
+from jetflow_sglang.engine.loop import autoregressive
 from tests.helpers import tiny_target
 
 

@@ -1,4 +1,4 @@
-"""Exact rows (jetflow_sglang/exact.py): in bfloat16 on a CPU, greedy speculative output is token-identical to plain
+"""Exact rows (jetflow_sglang/engine/exact.py): in bfloat16 on a CPU, greedy speculative output is token-identical to plain
 decoding, because every verify row rounds exactly as a one-token step does. Without them it is not (a check that
 can fail, and does on the stock kernels)."""
 import random
@@ -6,11 +6,11 @@ import random
 import pytest
 import torch
 
-from jetflow_sglang import exact
-from jetflow_sglang.drafters import make_drafter
-from jetflow_sglang.engine import autoregressive, run
-from jetflow_sglang.target import Target
-from kernels import hf_tree_attention as tree_attn
+from jetflow_sglang.engine import exact
+from jetflow_sglang.draft.drafters import make_drafter
+from jetflow_sglang.engine.loop import autoregressive, run
+from jetflow_sglang.engine.target import Target
+from jetflow_sglang.kernels import hf_tree_attention as tree_attn
 from tests.helpers import tiny_head, tiny_model
 
 VOCAB = 256
@@ -105,7 +105,7 @@ def test_default_model_bf16_is_token_identical_to_plain_decoding():
     """The shipped target and head as `jetflow generate --dtype bfloat16 --exact on` loads them: the default drafter at
     auto and fixed budgets writes exactly what plain decoding writes."""
     from jetflow_sglang.paths import default_paths
-    from jetflow_sglang.stack import load_stack
+    from jetflow_sglang.engine.stack import load_stack
 
     default_paths()  # converts the shipped GGUF once
     target, drafter = load_stack(dtype="bfloat16", drafter="jetflow", lookup=True, exact="on")

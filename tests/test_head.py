@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from jetflow_sglang.head import MASK, CheckpointError, HeadMismatchError, load_head, save_head
-from jetflow_sglang.drafters import make_drafter
-from jetflow_sglang.tree_batch import build_topb
+from jetflow_sglang.draft.drafters import make_drafter
+from jetflow_sglang.core.tree_batch import build_topb
 from tests.helpers import tiny_head, tiny_model, tiny_target
 
 torch.set_num_threads(1)

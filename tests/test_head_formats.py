@@ -9,7 +9,8 @@ from safetensors.torch import save_file
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding, apply_rotary_pos_emb
 
-from jetflow_sglang.head import MASK, CheckpointError, HeadMismatchError, drafter_for, load_head, read_head_config
+from jetflow_sglang.draft.fit import drafter_for
+from jetflow_sglang.head import MASK, CheckpointError, HeadMismatchError, load_head, read_head_config
 from tests.helpers import tiny_model
 
 torch.set_num_threads(1)

@@ -3,15 +3,12 @@ or a DFlash release (bidirectional) of a tiny Qwen3, on CPU, gives HF greedy's t
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent / "sglang"))
-from sgl_fixtures import build_tiny_qwen3, hf_greedy  # noqa: E402
-from sgl_server import Server  # noqa: E402
+from tests.sglang.sgl_fixtures import build_tiny_qwen3, hf_greedy  # noqa: E402
+from tests.sglang.sgl_server import Server  # noqa: E402
 
 from tests.test_head_formats import write_release  # noqa: E402
 

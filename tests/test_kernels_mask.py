@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-import kernels
-from jetflow_sglang import tree as core_tree
-from kernels import flashinfer_path as fip
-from kernels import tree_mask as tm
-from kernels.reference import tree_attn_reference, tree_attn_sdpa
+from jetflow_sglang import kernels
+from jetflow_sglang.core import tree as core_tree
+from experimental import flashinfer_path as fip
+from jetflow_sglang.kernels import tree_mask as tm
+from jetflow_sglang.kernels.reference import tree_attn_reference, tree_attn_sdpa
 
 torch.set_num_threads(1)
 
@@ -38,7 +38,7 @@ def test_one_source_of_truth():
 def test_package_import_is_light():
     import subprocess
     import sys
-    code = "import sys, kernels; assert 'triton' not in sys.modules and 'flashinfer' not in sys.modules"
+    code = "import sys, jetflow_sglang.kernels; assert 'triton' not in sys.modules and 'flashinfer' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
@@ -193,7 +193,7 @@ def _tiny_llama():
 
 @pytest.mark.parametrize("n", [1, 40])
 def test_hf_jetflow_tree_attention_matches_float_mask(n):
-    import kernels.hf_tree_attention as hta
+    import jetflow_sglang.kernels.hf_tree_attention as hta
     from transformers import DynamicCache
 
     model = _tiny_llama()
@@ -234,7 +234,7 @@ def test_hf_jetflow_tree_attention_matches_float_mask(n):
 
 
 def test_hf_context_rejects_wrong_prefix():
-    import kernels.hf_tree_attention as hta
+    import jetflow_sglang.kernels.hf_tree_attention as hta
     from transformers import DynamicCache
 
     model = _tiny_llama()

@@ -17,12 +17,12 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-import kernels.triton_tree_attn as tta  # noqa: E402
-from kernels.reference import tree_attn_reference, tree_attn_sdpa  # noqa: E402
-from kernels.tree_mask import pack_bits, pack_ragged, pad_words  # noqa: E402
+import jetflow_sglang.kernels.triton_tree_attn as tta  # noqa: E402
+from jetflow_sglang.kernels.reference import tree_attn_reference, tree_attn_sdpa  # noqa: E402
+from jetflow_sglang.kernels.tree_mask import pack_bits, pack_ragged, pad_words  # noqa: E402
 
 if isinstance(tta._tree_attn_fwd, triton.runtime.jit.JITFunction):
-    pytest.skip("kernels.triton_tree_attn was imported without TRITON_INTERPRET=1 earlier in this process",
+    pytest.skip("jetflow_sglang.kernels.triton_tree_attn was imported without TRITON_INTERPRET=1 earlier in this process",
                 allow_module_level=True)
 
 pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")  # -inf - -inf in fully masked rows would warn
@@ -54,11 +54,11 @@ def make_case(ns, ps, hq, hkv, d, page, dtype, seed, parents=None, words=None):
     return q, k, v, table, torch.tensor(ps, dtype=torch.int32), indptr, mask
 
 
-def run_poisoned(args, causal=False):
+def run_poisoned(args, causal=False, num_splits=1):
     q = args[0]
     out = torch.full_like(q, float("nan"))  # every row the kernel fails to write stays NaN
     ns = args[5][1:] - args[5][:-1]
-    tta._launch(*args, 1.0 / q.shape[-1] ** 0.5, int(ns.max()), causal, out=out)
+    tta._launch(*args, 1.0 / q.shape[-1] ** 0.5, int(ns.max()), causal, out=out, num_splits=num_splits)
     return out
 
 
@@ -66,8 +66,8 @@ def rel_err(out, ref):
     return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def check(args, dtype, seed, causal=False):
-    out = run_poisoned(args, causal)
+def check(args, dtype, seed, causal=False, num_splits=1):
+    out = run_poisoned(args, causal, num_splits)
     assert not out.isnan().any(), f"seed {seed}: unwritten or NaN rows"
     ref = tree_attn_reference(*args, causal=causal)
     err = rel_err(out, ref)
@@ -99,6 +99,28 @@ def test_matches_float64_reference(name, dtype, seed):
     check(make_case(*CASES[name], dtype, seed), dtype, seed)
 
 
+@pytest.mark.parametrize("splits", [2, 3, 8])
+@pytest.mark.parametrize("name", ["root_only_p0", "ragged_gqa_page16", "long_prefix", "empty_request",
+                                  "mha_page1_sglang"])
+def test_split_kv_matches_reference_and_the_unsplit_kernel(name, splits, seed):
+    """Split-KV (flash-decoding): the prefix in `splits` chunks, empty chunks included (prefix 0, prefixes shorter
+    than the splits), merged; the same output as one program per row and as the float64 reference."""
+    args = make_case(*CASES[name], torch.float32, seed)
+    out = check(args, torch.float32, seed, num_splits=splits)
+    assert torch.allclose(out, run_poisoned(args), atol=1e-5, rtol=1e-5)
+    causal = make_case(*CASES[name], torch.float32, seed, parents=None)
+    check(causal, torch.float32, seed, causal=True, num_splits=splits)
+
+
+def test_pick_splits_only_splits_long_prefixes():
+    bf16 = torch.bfloat16
+    assert tta.pick_splits(300, 64, 32, 1, 128, bf16, 132) == 1  # a short prefix: no split
+    assert tta.pick_splits(4096, 64, 32, 1, 128, bf16, 132) == 8  # 32 programs on 132 SMs: 4096 // 512 = 8 chunks
+    assert tta.pick_splits(4096, 64, 32, 16, 128, bf16, 132) == 1  # 512 programs already fill the GPU
+    assert tta.pick_splits(100_000, 1, 1, 1, 128, bf16, 132) == 16  # capped
+    assert tta.pick_splits(100_000, 1, 1, 1, 128, torch.float32, 132) == 1  # exact fp32 never splits
+
+
 def test_n256_page1_fp32(seed):
     check(make_case([256], [40], 2, 1, 32, 1, torch.float32, seed), torch.float32, seed)
 
@@ -119,7 +141,7 @@ def test_unordered_labels(seed):
     n = 45
     g = torch.Generator().manual_seed(seed)
     q, k, v, table, plen, indptr, _ = make_case([n], [30], 4, 2, 32, 16, torch.float32, seed)
-    from kernels.tree_mask import ancestor_mask
+    from jetflow_sglang.kernels.tree_mask import ancestor_mask
     perm = torch.randperm(n, generator=g)
     anc = ancestor_mask(random_parents(n, g))[perm][:, perm]  # relabel nodes: row/col i -> old node perm[i]
     mask = pack_bits(anc)
@@ -183,8 +205,10 @@ def test_pad_words_helper_shape():
 
 AOT_SCRIPT = """
 import json, torch
-from kernels.triton_tree_attn import aot_compile, SHIPPED
-res = [aot_compile(d, dt) for d, dt in SHIPPED] + [aot_compile(128, torch.bfloat16, causal=True)]
+from experimental.triton_aot import aot_compile
+from jetflow_sglang.kernels.triton_tree_attn import SHIPPED
+res = [aot_compile(d, dt) for d, dt in SHIPPED] + [aot_compile(128, torch.bfloat16, causal=True)] + \
+    [aot_compile(d, dt, num_splits=4) for d, dt in SHIPPED if dt != torch.float32]  # split-KV (fp32 never splits)
 print("JSON" + json.dumps(res))
 """
 
@@ -199,9 +223,9 @@ def test_aot_sm90_shipped_configs():
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert res.returncode == 0, res.stderr[-3000:]
     infos = json.loads(res.stdout.split("JSON", 1)[1])
-    assert len(infos) == 7
+    assert len(infos) == 11
     for info in infos:
-        tag = f"{info['dtype']} D{info['head_dim']} causal={info['causal']}"
+        tag = f"{info['dtype']} D{info['head_dim']} causal={info['causal']} splits={info['num_splits']}"
         assert info["spill_stores"] == 0 and info["spill_loads"] == 0, f"{tag} spills: {info}"
         if info["dtype"] != "fp32":  # exact fp32 (ieee) has no tensor-core path
             assert info["wgmma"], f"{tag}: no wgmma in the sm_90a PTX"
@@ -211,9 +235,9 @@ def test_aot_sm90_shipped_configs():
 def test_hf_jetflow_tree_attention_triton_path(seed, monkeypatch):
     """The CUDA branch of the transformers wiring (cache K/V viewed as one page per request), run on CPU through the
     interpreter: logits equal eager attention with a float additive mask."""
-    import kernels.hf_tree_attention as hta
+    import jetflow_sglang.kernels.hf_tree_attention as hta
     from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
-    from jetflow_sglang.tree import ancestor_mask
+    from jetflow_sglang.core.tree import ancestor_mask
 
     monkeypatch.setattr(hta, "FORCE_TRITON", True)
     cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

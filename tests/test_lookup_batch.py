@@ -7,10 +7,10 @@ import random
 import pytest
 import torch
 
-from jetflow_sglang.drafters import NgramDrafter, State
-from jetflow_sglang.lookup_batch import merge_lookup
-from jetflow_sglang.tree import merge
-from jetflow_sglang.tree_batch import build_topb
+from jetflow_sglang.draft.drafters import NgramDrafter, State
+from jetflow_sglang.core.lookup_batch import merge_lookup
+from jetflow_sglang.core.tree import merge
+from jetflow_sglang.core.tree_batch import build_topb
 
 
 def _case(rng: random.Random, b: int, vocab: int, depth: int, width: int, budget: int, ties: bool):

@@ -4,10 +4,10 @@ import random
 import pytest
 import torch
 
-from jetflow_sglang.drafters import DRAFTERS, ARDrafter, make_drafter
-from jetflow_sglang.engine import autoregressive, run
-from jetflow_sglang.target import Target
-from kernels import hf_tree_attention as tree_attn
+from jetflow_sglang.draft.drafters import DRAFTERS, ARDrafter, make_drafter
+from jetflow_sglang.engine.loop import autoregressive, run
+from jetflow_sglang.engine.target import Target
+from jetflow_sglang.kernels import hf_tree_attention as tree_attn
 from tests.helpers import tiny_head, tiny_model
 
 torch.set_num_threads(1)

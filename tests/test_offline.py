@@ -4,10 +4,10 @@ import random
 import pytest
 import torch
 
-from jetflow_sglang.drafters import make_drafter
-from jetflow_sglang.engine import autoregressive, run
-from jetflow_sglang.offline import OracleDrafter, walk
-from jetflow_sglang.target import Target
+from jetflow_sglang.draft.drafters import make_drafter
+from jetflow_sglang.engine.loop import autoregressive, run
+from jetflow_sglang.engine.offline import OracleDrafter, walk
+from jetflow_sglang.engine.target import Target
 from tests.helpers import tiny_head, tiny_model
 
 torch.set_num_threads(1)

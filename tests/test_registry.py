@@ -6,21 +6,21 @@ import inspect
 
 import pytest
 
-from jetflow_sglang import registry
+from jetflow_sglang.draft import registry
 from jetflow_sglang.cli import parser
-from jetflow_sglang.config import JetFlowConfigError, JetFlowServerConfig
-from jetflow_sglang.drafters import make_drafter
-from jetflow_sglang.stack import check_stack_args, load_stack
+from jetflow_sglang.sglang.config import JetFlowConfigError, JetFlowServerConfig
+from jetflow_sglang.draft.drafters import make_drafter
+from jetflow_sglang.engine.stack import check_stack_args, load_stack
 
 
 def test_every_list_of_drafters_is_the_registry():
-    import jetflow_sglang.config as config
-    import jetflow_sglang.drafters as drafters
-    import jetflow_sglang.head as head
+    import jetflow_sglang.sglang.config as config
+    import jetflow_sglang.draft.drafters as drafters
+    import jetflow_sglang.draft.fit as fit
 
     assert drafters.DRAFTERS == config.DRAFTERS == registry.DRAFTERS == tuple(registry.REGISTRY)
-    assert head.CAUSAL_DRAFTERS == registry.CAUSAL_DRAFTERS
-    assert head.BIDIRECTIONAL_DRAFTERS == registry.BIDIRECTIONAL_DRAFTERS
+    assert fit.CAUSAL_DRAFTERS == registry.CAUSAL_DRAFTERS
+    assert fit.BIDIRECTIONAL_DRAFTERS == registry.BIDIRECTIONAL_DRAFTERS
     choices = next(a for a in parser()._subparsers._group_actions[0].choices["generate"]._actions
                    if a.dest == "drafter").choices
     assert tuple(choices) == registry.DRAFTERS

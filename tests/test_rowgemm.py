@@ -5,12 +5,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from jetflow_sglang import rowgemm
+from jetflow_sglang.core import rowgemm
 
 
 @pytest.fixture(autouse=True)
 def transposed_on():
-    """These tests check the transposed product's maths; whether it pays is budget.tune_gemm's measurement, which
+    """These tests check the transposed product's maths; whether it pays is profiling.tune_gemm's measurement, which
     a stack loaded earlier in the same process may have switched off."""
     was = rowgemm.active()
     rowgemm.activate(True)
@@ -61,7 +61,7 @@ def test_only_float32_takes_the_transposed_product():
     import torch
     import torch.nn.functional as F
 
-    from jetflow_sglang import rowgemm
+    from jetflow_sglang.core import rowgemm
 
     g = torch.Generator().manual_seed(0)
     w, x = torch.randn(48, 32, generator=g), torch.randn(5, 32, generator=g)

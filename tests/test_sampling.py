@@ -6,11 +6,11 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from jetflow_sglang.drafters import make_drafter, resample
-from jetflow_sglang.engine import run
-from jetflow_sglang.target import Target
-from jetflow_sglang.tree import DraftTree, best_first, per_depth
-from jetflow_sglang.verify import process_logits, sample_accept
+from jetflow_sglang.draft.drafters import make_drafter, resample
+from jetflow_sglang.engine.loop import run
+from jetflow_sglang.engine.target import Target
+from jetflow_sglang.core.tree import DraftTree, best_first, per_depth
+from jetflow_sglang.core.verify import process_logits, sample_accept
 from tests.helpers import tiny_head, tiny_model
 
 torch.set_num_threads(1)

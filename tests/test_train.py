@@ -194,9 +194,9 @@ def test_block_mask_and_branch_slots():
 
 
 def test_tiny_training_lowers_loss_and_head_drafts(tmp_path):
-    from jetflow_sglang.drafters import make_drafter
+    from jetflow_sglang.draft.drafters import make_drafter
     from jetflow_sglang.head import load_head
-    from jetflow_sglang.target import Target
+    from jetflow_sglang.engine.target import Target
     from jetflow_sglang.train.features import build_cache
     from jetflow_sglang.train.trainer import TrainConfig, draft_vocab, export, make_head, train
 
@@ -240,10 +240,10 @@ def test_training_forward_matches_the_drafter(causal, tmp_path):
     anchor: the plain block (block_logprobs) and, for the causal head, the branch-conditioned pass."""
     import random
 
-    from jetflow_sglang.drafters import make_drafter
+    from jetflow_sglang.draft.drafters import make_drafter
     from jetflow_sglang.train.features import build_cache
     from jetflow_sglang.train.trainer import draft_vocab, head_inputs, make_head, sample_batch
-    from jetflow_sglang.tree import DraftTree
+    from jetflow_sglang.core.tree import DraftTree
 
     model = tiny_target().float()
     items = build_cache(model, _records(model, n=2, T=40), [1, 3], tmp_path / "c", progress=False)

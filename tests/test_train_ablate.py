@@ -5,7 +5,7 @@ import json
 import torch
 
 from jetflow_sglang.train import ablate
-from test_train import byte_tokenizer, tiny_target
+from tests.test_train import byte_tokenizer, tiny_target
 
 
 def test_ablation_runs_arms_and_resumes(tmp_path):

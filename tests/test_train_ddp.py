@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_train import _records, tiny_target
+from tests.test_train import _records, tiny_target
 
 ROOT = Path(__file__).resolve().parents[1]
 SEQS, BLOCKS, STEPS = 2, 4, 4

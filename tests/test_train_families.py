@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from jetflow_sglang.train import data as D
-from test_train import byte_tokenizer, tiny_target
+from tests.test_train import byte_tokenizer, tiny_target
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = {"gsm8k": [f"Question {i}: what is {i} plus {2 * i}?" for i in range(8)]}

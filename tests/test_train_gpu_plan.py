@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from jetflow_sglang.train import data as D
-from test_train_families import _folder
+from tests.test_train_families import _folder
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = {"gsm8k": [f"Question {i}: what is {i} plus {2 * i}?" for i in range(40)],

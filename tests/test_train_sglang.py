@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from jetflow_sglang.train import data as D
-from test_train import byte_tokenizer, tiny_target
+from tests.test_train import byte_tokenizer, tiny_target
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = {"gsm8k": ["What is 2+2?", "Tom has 3 apples and buys 4 more. How many now?",

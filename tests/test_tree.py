@@ -4,7 +4,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from jetflow_sglang.tree import (DraftTree, ancestor_mask, best_first, chain, check_budget, merge, pack_bits, pack_ragged,
+from jetflow_sglang.core.tree import (DraftTree, ancestor_mask, best_first, chain, check_budget, merge, pack_bits, pack_ragged,
                                  per_depth, unpack_bits)
 
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from jetflow_sglang.tree import DraftTree, ancestor_mask, best_first, pack_bits, per_depth
-from jetflow_sglang.tree_batch import TreeBatch, build_topb, build_topb_conditioned
-from jetflow_sglang.verify import greedy_accept, greedy_accept_batch
+from jetflow_sglang.core.tree import DraftTree, ancestor_mask, best_first, pack_bits, per_depth
+from jetflow_sglang.core.tree_batch import TreeBatch, build_topb, build_topb_conditioned
+from jetflow_sglang.core.verify import greedy_accept, greedy_accept_batch
 
 torch.set_num_threads(1)
 

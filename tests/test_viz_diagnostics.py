@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from jetflow_sglang.tree import DraftTree
+from jetflow_sglang.core.tree import DraftTree
 from viz import diagnostics as D
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from hypothesis import given, settings, strategies as st
 
-from jetflow_sglang.tree import DraftTree, best_first, per_depth
+from jetflow_sglang.core.tree import DraftTree, best_first, per_depth
 from viz import figures as F
 
 

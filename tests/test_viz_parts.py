@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from jetflow_sglang.tree import DraftTree, best_first, per_depth
+from jetflow_sglang.core.tree import DraftTree, best_first, per_depth
 from viz import figures as F
 from viz import results as R
 from viz.compare import aligned_round

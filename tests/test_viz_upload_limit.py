@@ -31,8 +31,7 @@ def _files(folder: Path) -> dict[Path, int]:
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
-    sys.path.insert(0, str(ROOT / "tests" / "sglang"))
-    from sgl_fixtures import build_tiny_head, build_tiny_qwen3
+    from tests.sglang.sgl_fixtures import build_tiny_head, build_tiny_qwen3
 
     tmp = tmp_path_factory.mktemp("upload")
     target = build_tiny_qwen3(tmp / "target")

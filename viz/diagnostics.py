@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from jetflow_sglang.tree import DraftTree
+from jetflow_sglang.core.tree import DraftTree
 
 RANK_GROUPS = ((1, 1), (2, 8), (9, None))  # sibling rank 1 vs 2-8 (vs 9+, only shown when a tree is that wide)
 

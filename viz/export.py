@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from jetflow_sglang.tree import DraftTree
+from jetflow_sglang.core.tree import DraftTree
 
 from .session import RoundView, Session
 from .target_view import TargetView

@@ -14,7 +14,7 @@ import networkx as nx
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from jetflow_sglang.tree import DraftTree
+from jetflow_sglang.core.tree import DraftTree
 
 from .diagnostics import sibling_ranks, step_probs
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import gradio as gr
 
-from jetflow_sglang.drafters import make_drafter
+from jetflow_sglang.draft.drafters import make_drafter
 from jetflow_sglang.head import load_head
-from jetflow_sglang.registry import REGISTRY
-from jetflow_sglang.stack import load_stack, pick_head
+from jetflow_sglang.draft.registry import REGISTRY
+from jetflow_sglang.engine.stack import load_stack, pick_head
 
 LOOKUP = "+lookup"  # a head drafter with prompt-lookup tries merged into its trees (drafters.WithLookup)
 LABELS = {"jetflow": "JetFlow", "jetflow-branch": "JetFlow branch-conditioned", "ddtree": "DDTree",

@@ -6,7 +6,7 @@ import inspect
 import time
 from typing import Iterator
 
-from jetflow_sglang.engine import autoregressive, generate
+from jetflow_sglang.engine.loop import autoregressive, generate
 
 from .models import SEED, WIDTH, Models
 from .session import Session

@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass, field
 
-from jetflow_sglang.tree import DraftTree
+from jetflow_sglang.core.tree import DraftTree
 
 from .target_view import TargetView
 

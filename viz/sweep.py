@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 from typing import Callable, Sequence
 
-from jetflow_sglang.engine import run
+from jetflow_sglang.engine.loop import run
 
 BUDGETS = (1, 16, 32, 64, 128, 256)
 KEYS = ("dataset", "drafter", "budget", "tau", "speedup")
@@ -17,7 +17,7 @@ def sweep(target, drafters: dict, prompt_ids: Sequence[int], max_new_tokens: int
           should_stop: Callable[[], bool] | None = None) -> list[dict]:
     """tau and measured speedup over autoregressive (the `ar` drafter through the same loop, so both pay the same
     Python overhead) for each drafter and budget. `drafters` maps name -> drafter; `progress(done, total, what)`."""
-    from jetflow_sglang.drafters import make_drafter
+    from jetflow_sglang.draft.drafters import make_drafter
 
     jobs = [("ar", make_drafter("ar"), 1)] + [(n, d, b) for n, d in drafters.items() for b in budgets]
     rows, ar_tps = [], None

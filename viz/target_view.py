@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from jetflow_sglang.tree import DraftTree
-from jetflow_sglang.verify import process_logits
+from jetflow_sglang.core.tree import DraftTree
+from jetflow_sglang.core.verify import process_logits
 
 TOPK = 5
 

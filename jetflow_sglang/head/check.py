@@ -20,7 +20,7 @@ import struct
 from pathlib import Path
 from types import SimpleNamespace
 
-from .config import CheckpointError, HeadMismatchError, JetFlowHeadConfig
+from jetflow_sglang.head.config import CheckpointError, HeadMismatchError, JetFlowHeadConfig
 
 DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2, "F16": 2,
                "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "C64": 8, "I64": 8, "U64": 8, "F64": 8}
@@ -93,7 +93,7 @@ def target_config_of(model_path) -> SimpleNamespace | None:
     vocab_size, num_hidden_layers; a multimodal config's text_config is used when the top level lacks them), or None
     when `model_path` is not a local folder (or a repo id in the local hub cache) with a readable config.json, or its
     config lacks these fields: then the launcher's own model loading reports it."""
-    from ..paths import resolve_dir
+    from jetflow_sglang.paths import resolve_dir
 
     if not model_path:
         return None
@@ -151,9 +151,9 @@ def _expected_tensors(cfg: JetFlowHeadConfig, fmt: str, found: dict, where: Path
     """The header's names and shapes against those the config implies (load_head's check_state, on meta tensors)."""
     import torch
 
-    from .formats import DFLASH, dflash_state
-    from .io import check_state
-    from .model import JetFlowHead
+    from jetflow_sglang.head.formats import DFLASH, dflash_state
+    from jetflow_sglang.head.io import check_state
+    from jetflow_sglang.head.model import JetFlowHead
 
     with torch.device("meta"):
         head = JetFlowHead(cfg)
@@ -172,7 +172,7 @@ def check_head_files(head_dir, target_config=None, *, sglang: bool = False) -> J
 
     sglang=True adds SGLang's tap-capture rule (check_taps_for_sglang). Raises a one-line CheckpointError (files)
     or HeadMismatchError (head vs target)."""
-    from .io import locate_head, read_head_config
+    from jetflow_sglang.head.io import locate_head, read_head_config
 
     path = locate_head(head_dir)
     target = _as_target(target_config)

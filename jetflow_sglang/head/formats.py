@@ -13,7 +13,7 @@ Two layouts are recognised from config.json:
 """
 from __future__ import annotations
 
-from .config import CheckpointError, JetFlowHeadConfig
+from jetflow_sglang.head.config import CheckpointError, JetFlowHeadConfig
 
 JETFLOW, DFLASH = "jetflow", "dflash"
 

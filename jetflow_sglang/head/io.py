@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
-from .config import CheckpointError, JetFlowHeadConfig, read_config
-from .formats import DFLASH, detect_format, dflash_config, dflash_state
-from .model import JetFlowHead
+from jetflow_sglang.head.config import CheckpointError, JetFlowHeadConfig, read_config
+from jetflow_sglang.head.formats import DFLASH, detect_format, dflash_config, dflash_state
+from jetflow_sglang.head.model import JetFlowHead
 
 
 def save_head(head: JetFlowHead, out_dir, dtype: torch.dtype = torch.bfloat16) -> Path:
@@ -27,7 +27,7 @@ def save_head(head: JetFlowHead, out_dir, dtype: torch.dtype = torch.bfloat16) -
 
 def locate_head(head_dir) -> Path:
     """A local head folder; a Hugging Face repo id ("z-lab/Qwen3-8B-DFlash-b16") resolves to its local hub cache."""
-    from ..paths import looks_like_repo_id, resolve_dir
+    from jetflow_sglang.paths import looks_like_repo_id, resolve_dir
 
     if looks_like_repo_id(str(head_dir)):
         try:

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import rowgemm
-from .config import JetFlowHeadConfig
+from jetflow_sglang.core import rowgemm
+from jetflow_sglang.head.config import JetFlowHeadConfig
 
 MASK = -1  # token id meaning "the learned mask embedding"
 

@@ -1,8 +1,8 @@
 """Batched acceptance on the device, in SGLang's verify layout.
 
-Trees arrive as padded tensors (jetflow_sglang.tree_batch.TreeBatch fields): tokens/parents/depths [b, n] with
+Trees arrive as padded tensors (jetflow_sglang.core.tree_batch.TreeBatch fields): tokens/parents/depths [b, n] with
 node 0 the root, parents[i] < i, and real nodes i < sizes. Greedy requests keep the deepest path whose every token
-is the target's argmax at its parent. Sampled requests run recursive rejection sampling with the draft's candidates
+is the target's argmax at its parent (core.verify.greedy_accept_batch, the engine's acceptor and tie rule). Sampled requests run recursive rejection sampling with the draft's candidates
 as point-mass proposals (a child x is accepted with the residual target probability p(x); on rejection p(x) is
 zeroed and p renormalised; if no child is accepted the bonus is drawn from the residual), so every emitted token
 follows the target's processed distribution exactly. Padding nodes are never children of anything here.
@@ -12,24 +12,11 @@ from __future__ import annotations
 
 import torch
 
+from jetflow_sglang.core.verify import greedy_accept_batch
+
 
 def _valid(sizes: torch.Tensor, n: int) -> torch.Tensor:
     return torch.arange(n, device=sizes.device)[None] < sizes[:, None]
-
-
-def greedy_path(tokens, parents, depths, sizes, argmax, max_depth: int):
-    """-> (node at the end of the accepted path [b], bonus token [b]); all greedy."""
-    b, n = tokens.shape
-    par = parents.clamp(min=0)
-    match = _valid(sizes, n) & (tokens == argmax.gather(1, par))
-    match[:, 0] = True
-    ok = match
-    for _ in range(max_depth):  # ok[i] = match[i] and ok[parent[i]]; parents come first, depth bounds the chain
-        ok = match & ok.gather(1, par)
-    ar = torch.arange(n, device=tokens.device)
-    score = torch.where(ok, depths * n + (n - 1 - ar)[None], torch.full_like(depths, -1))
-    last = score.argmax(1)
-    return last, argmax.gather(1, last[:, None])[:, 0]
 
 
 def sample_path(tokens, parents, sizes, probs, max_depth: int, width: int, generator=None):
@@ -82,8 +69,7 @@ def accept_batch(tree, logits, info, width: int, generator=None):
     bs, n = tree.tokens.shape
     depth = min(tree.depth_bound, n - 1)  # 0 on a one-node tree: the root alone, then the bonus token
     logits = logits.view(bs, n, -1)
-    last, g_bonus = greedy_path(tree.tokens, tree.parents, tree.depths, tree.sizes, logits.argmax(-1), depth)
-    path = path_from_last(tree.parents, tree.depths, last, depth)
+    path, _, g_bonus = greedy_accept_batch(tree, logits.argmax(-1))  # [b, depth + 1]: the engine's acceptor
     if info.is_all_greedy:
         return path, g_bonus
     probs = processed_probs(logits, info)
@@ -91,21 +77,6 @@ def accept_batch(tree, logits, info, width: int, generator=None):
     s_path = torch.cat([chosen.new_zeros(bs, 1), chosen], 1)  # the root, then the accepted child per depth
     greedy = (info.top_ks.view(-1) == 1).to(path.device)  # SGLang turns temperature 0 into top_k = 1
     return torch.where(greedy[:, None], path, s_path), torch.where(greedy, g_bonus, s_bonus.to(g_bonus.dtype))
-
-
-def path_from_last(parents, depths, last, max_depth: int) -> torch.Tensor:
-    """Root-first node ids of the path ending at `last`: [b, max_depth + 1], -1 past its end."""
-    b = parents.shape[0]
-    out = torch.full((b, max_depth + 2), -1, dtype=torch.long, device=parents.device)
-    cur = last
-    spill = torch.full_like(cur, max_depth + 1)
-    for _ in range(max_depth + 1):
-        d = depths.gather(1, cur.clamp(min=0)[:, None])[:, 0]
-        alive = cur >= 0
-        out.scatter_(1, torch.where(alive, d, spill)[:, None], cur[:, None])
-        cur = torch.where(alive & (cur > 0), parents.gather(1, cur.clamp(min=0)[:, None])[:, 0],
-                          torch.full_like(cur, -1))
-    return out[:, : max_depth + 1]
 
 
 def to_sglang(tokens, path, bonus, n: int):

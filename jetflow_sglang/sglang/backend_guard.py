@@ -7,18 +7,22 @@ The guard (a wrapper around SGLang's resolution step `handle_attention_backend_c
 plugin) therefore:
   - when the operator chose no backend: declares a safe one and logs it;
   - when the operator chose an unsafe one: refuses at launch with one line naming the safe choices.
-Safe: cuda: flashinfer, triton (SGLang's custom-mask verify paths) and jetflow_tree_native (this project's SDPA
-backend, slow on GPU); hip: triton, jetflow_tree_native; cpu and other devices: jetflow_tree_native (stock
-torch_native ignores the mask; it is replaced by jetflow_tree_native).
+Safe: cuda: flashinfer, triton (SGLang's custom-mask verify paths), jetflow_tree_native (this project's SDPA
+backend, slow on GPU) and jetflow_tree_triton (this project's Triton tree kernel; not yet run on a GPU inside SGLang,
+so never the default there); hip: triton, jetflow_tree_native; cpu and other devices: jetflow_tree_native (stock
+torch_native ignores the mask; it is replaced by jetflow_tree_native) and, under TRITON_INTERPRET=1 only,
+jetflow_tree_triton.
 """
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
 
 TREE_NATIVE = "jetflow_tree_native"
+TREE_TRITON = "jetflow_tree_triton"
 HOOK = "handle_attention_backend_compatibility"
 FLAGS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend")
 
@@ -43,10 +47,10 @@ def _device_kind(device: str | None, is_hip: bool) -> str:
 def safe_backends(device: str | None, is_hip: bool = False) -> tuple[str, ...]:
     kind = _device_kind(device, is_hip)
     if kind == "cuda":
-        return ("flashinfer", "triton", TREE_NATIVE)
+        return ("flashinfer", "triton", TREE_NATIVE, TREE_TRITON)
     if kind == "hip":
         return ("triton", TREE_NATIVE)
-    return (TREE_NATIVE,)
+    return (TREE_NATIVE, TREE_TRITON)
 
 
 def default_backend(device: str | None, has_flashinfer: bool, is_hip: bool = False) -> str:
@@ -62,14 +66,19 @@ def _flag(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-def decide(device: str | None, chosen: dict, has_flashinfer: bool = True, is_hip: bool = False) -> Decision:
-    """`chosen`: the operator's raw values for FLAGS (None = not given). Raises BackendGuardError."""
+def decide(device: str | None, chosen: dict, has_flashinfer: bool = True, is_hip: bool = False,
+           triton_interpret: bool = False) -> Decision:
+    """`chosen`: the operator's raw values for FLAGS (None = not given); `triton_interpret`: TRITON_INTERPRET=1 in
+    the server's environment (Triton kernels can run on a CPU only then). Raises BackendGuardError."""
     safe = safe_backends(device, is_hip)
     declare, notes = {}, []
     for field in FLAGS:
         value = chosen.get(field)
         if value is None:
             continue
+        if value == TREE_TRITON and _device_kind(device, is_hip) not in ("cuda", "hip") and not triton_interpret:
+            raise BackendGuardError(f"{_flag(field)} {TREE_TRITON} on {_device_kind(device, is_hip)} runs Triton's "
+                                    f"interpreter: start the server with TRITON_INTERPRET=1, or use {TREE_NATIVE}")
         if value == "torch_native" and TREE_NATIVE in safe:
             declare[field] = TREE_NATIVE  # stock torch_native cannot verify at all; ours is it plus the tree mask
             notes.append(f"{_flag(field)} torch_native -> {TREE_NATIVE}")
@@ -118,13 +127,14 @@ def guard_hook(server_args, previous) -> None:
     """Resolution-hook wrapper (see sglang.srt.arg_groups.resolution_hooks)."""
     from sglang.srt.arg_groups.overrides import attention_backends_of, declare_resolution, resolving_view
 
-    from .plugin import is_jetflow
+    from jetflow_sglang.sglang.config import is_jetflow
 
     cfg = resolving_view(server_args)
     if not is_jetflow(cfg.speculative_algorithm):
         return previous(server_args)
     has_flashinfer, is_hip = _platform_flags()
-    decision = decide(cfg.device, raw_choices(server_args), has_flashinfer, is_hip)
+    interpret = os.environ.get("TRITON_INTERPRET", "") == "1"
+    decision = decide(cfg.device, raw_choices(server_args), has_flashinfer, is_hip, interpret)
     if decision.declare:
         declare_resolution(server_args, "jetflow.backend_guard", **decision.declare)
     if decision.message:

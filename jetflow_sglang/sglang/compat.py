@@ -51,11 +51,11 @@ PATCHES = [
      "the per-token KV cell size counts the head's K/V and token-id rows, so the pool fits the memory budget"),
     ("sglang.srt.runtime_context.get_spec", "worker.py",
      "speculative_num_draft_tokens is lowered at run time near a full KV pool (the decode reservation reads it)"),
-    ("sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head", "cpu_gemm.py",
+    ("sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head", "cpu/gemm.py",
      "CPU only, per model instance: multi-row LM-head products as W @ X^T (rowgemm)"),
-    ("sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod", "cpu_gemm.py",
+    ("sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod", "cpu/gemm.py",
      "CPU only: the target's unquantized linear layers switch to a subclass that runs rowgemm"),
-    ("sgl_kernel", "cpu_ops.py",
+    ("sgl_kernel", "cpu/ops.py",
      "CPU only (JETFLOW_SGLANG_CPU=1): a pure-torch stand-in module for the CUDA-only kernels, and a torchvision stub"),
 ]
 

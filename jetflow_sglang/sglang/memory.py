@@ -28,13 +28,13 @@ def head_bytes_per_token(head_cfg, dtype: torch.dtype) -> int:
 def jetflow_cell_bytes(kvc, draft_path: str | None) -> int:
     """Bytes per token the per-slot pools add for the target worker of a JETFLOW server (head K/V with a head, and
     the token id); 0 for other algorithms."""
-    from .plugin import is_jetflow
+    from jetflow_sglang.sglang.config import is_jetflow
 
     if getattr(kvc, "is_draft_worker", False) or not is_jetflow(getattr(kvc.spec_algorithm, "name", None)):
         return 0
     if not draft_path:
         return TOKEN_ID_BYTES  # head-less drafters (ngram) keep only the token ids
-    from ..head import read_head_config
+    from jetflow_sglang.head import read_head_config
 
     cfg, _ = read_head_config(draft_path, kvc.model_config.hf_config)
     return head_bytes_per_token(cfg, kvc.model_config.dtype) + TOKEN_ID_BYTES

@@ -19,15 +19,11 @@ import logging
 import sys
 from pathlib import Path
 
-from . import cpu_ops
+from jetflow_sglang.sglang.config import ALGORITHM, is_jetflow
+from jetflow_sglang.sglang.cpu import ops as cpu_ops
 
 logger = logging.getLogger(__name__)
-ALGORITHM = "JETFLOW"
 CONFIG_HOOK = "handle_speculative_decoding"
-
-
-def is_jetflow(name) -> bool:
-    return isinstance(name, str) and name.upper() == ALGORITHM
 
 
 def _in_cli() -> bool:
@@ -51,7 +47,7 @@ def fail(err: Exception):
 def resolve_config(server_args, env=None):
     """The JetFlowServerConfig of a JETFLOW launch (head folder and drafter fit checked, and the head's files against
     the target's config.json: check_head); errors go through `fail`."""
-    from ..config import JetFlowConfigError, JetFlowServerConfig
+    from jetflow_sglang.sglang.config import JetFlowConfigError, JetFlowServerConfig
 
     try:
         cfg = JetFlowServerConfig.from_server_args(server_args, env=env)  # reads the head's config.json too
@@ -67,9 +63,9 @@ def check_head(server_args, head_dir: str) -> None:
     vocabulary, tap layers SGLang can capture, readable and complete safetensors with the tensors the config implies
     (head/check.py). A target that is not a local folder or cached repo is left to SGLang; the head is still checked.
     One-line JetFlowConfigError naming both values."""
-    from ..config import JetFlowConfigError
-    from ..head import CheckpointError, HeadMismatchError, check_head_files
-    from ..head.check import target_config_of
+    from jetflow_sglang.sglang.config import JetFlowConfigError
+    from jetflow_sglang.head import CheckpointError, HeadMismatchError, check_head_files
+    from jetflow_sglang.head.check import target_config_of
 
     snap = getattr(server_args, "_raw_input", None)
     model = snap.get("model_path") if isinstance(snap, dict) else getattr(server_args, "model_path", None)
@@ -91,7 +87,7 @@ def _config_hook(server_args, previous) -> None:
 
 
 def _backend_guard_hook(server_args, previous) -> None:
-    from .backend_guard import BackendGuardError, guard_hook
+    from jetflow_sglang.sglang.backend_guard import BackendGuardError, guard_hook
 
     try:
         guard_hook(server_args, previous)
@@ -140,15 +136,21 @@ def _spec_class():
 
 
 def _worker_factory(server_args):
-    from .worker import JetFlowWorker
+    from jetflow_sglang.sglang.worker import JetFlowWorker
 
     return JetFlowWorker
 
 
 def _create_backend(runner):
-    from .attention_backend import TreeTorchNativeAttnBackend
+    from jetflow_sglang.sglang.attention_backend import TreeTorchNativeAttnBackend
 
     return TreeTorchNativeAttnBackend(runner)
+
+
+def _create_triton_backend(runner):
+    from jetflow_sglang.sglang.triton_backend import create
+
+    return create(runner)
 
 
 def _register_head_config() -> None:
@@ -168,7 +170,7 @@ def _register_head_config() -> None:
 def _register_resolution_hooks() -> None:
     from sglang.srt.arg_groups import resolution_hooks
 
-    from .backend_guard import HOOK as BACKEND_HOOK
+    from jetflow_sglang.sglang.backend_guard import HOOK as BACKEND_HOOK
 
     for name, fn in ((CONFIG_HOOK, _config_hook), (BACKEND_HOOK, _backend_guard_hook)):
         if fn not in resolution_hooks._HOOKS.get(name, []):
@@ -178,7 +180,7 @@ def _register_resolution_hooks() -> None:
 def register() -> None:
     if cpu_ops.enabled():
         cpu_ops.install()
-    from .compat import check
+    from jetflow_sglang.sglang.compat import check
 
     check()
     _register_head_config()
@@ -187,17 +189,19 @@ def register() -> None:
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
     from sglang.srt.speculative.spec_registry import get_spec
 
-    from .attention_backend import NAME
-    from .request_guard import install as install_request_guard
+    from jetflow_sglang.sglang.attention_backend import NAME
+    from jetflow_sglang.sglang.request_guard import install as install_request_guard
+    from jetflow_sglang.sglang.triton_backend import NAME as TRITON_NAME
 
-    if NAME not in ATTENTION_BACKENDS:
-        register_attention_backend(NAME)(_create_backend)
-    if NAME not in ATTENTION_BACKEND_CHOICES:
-        add_attention_backend_choices([NAME])
+    for name, factory in ((NAME, _create_backend), (TRITON_NAME, _create_triton_backend)):
+        if name not in ATTENTION_BACKENDS:
+            register_attention_backend(name)(factory)
+        if name not in ATTENTION_BACKEND_CHOICES:
+            add_attention_backend_choices([name])
     if get_spec(ALGORITHM) is None:  # register() runs once per process, but Engine + launcher may share one
         SpeculativeAlgorithm.register(ALGORITHM, supports_overlap=False, spec_class=_spec_class())(_worker_factory)
     _register_resolution_hooks()
     install_request_guard()
-    from .memory import install as install_pool_sizing
+    from jetflow_sglang.sglang.memory import install as install_pool_sizing
 
     install_pool_sizing()

@@ -138,7 +138,7 @@ def load_head_for_runner(model_runner, head_dir):
     """Load the draft head in `head_dir` for SGLang's target (`model_runner.model`), on the runner's device and in
     the target's dtype, bound to the target's embedding and LM head through a TargetView. Also makes sure the
     target can capture the head's tap layers (ensure_tap_capture)."""
-    from ..head import load_head
+    from jetflow_sglang.head import load_head
 
     ensure_tap_capture(model_runner.model)
     view = TargetView(model_runner.model, model_runner.model_config.hf_config)

@@ -13,7 +13,7 @@ Per scheduler step:
            accept  greedy and rejection-sampling acceptance on the device (accept.py)
            commit  accepted nodes' target K/V moved to the front of the window, their head K/V written there
 The scheduler does the rest (appending tokens, stop conditions, batching, filter/merge, accept statistics).
-Settings come only from jetflow_sglang.config.JetFlowServerConfig.
+Settings come only from jetflow_sglang.sglang.config.JetFlowServerConfig.
 """
 from __future__ import annotations
 
@@ -28,14 +28,16 @@ from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, Forw
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
 
-from ..config import JetFlowServerConfig
-from ..registry import HEAD_DRAFTERS, SERVER_DRAFTERS, spec
-from ..tree_batch import TreeBatch, root_only
-from .accept import accept_batch, to_sglang
-from .head_pool import HeadKVPool, SlotTokens, slots_of
-from .penalties import PathPenalties
-from .tp_sync import broadcast_from_rank0, broadcast_object_from_rank0, make_generator
-from .verify_input import JetFlowVerifyInput, verify_tensors
+from jetflow_sglang.sglang.config import JetFlowServerConfig
+from jetflow_sglang.draft.registry import HEAD_DRAFTERS, SERVER_DRAFTERS, spec
+from jetflow_sglang.core.tree_batch import TreeBatch, root_only
+from jetflow_sglang.sglang.accept import accept_batch, to_sglang
+from jetflow_sglang.sglang.attention_backend import NAME as NATIVE_BACKEND
+from jetflow_sglang.sglang.head_pool import HeadKVPool, SlotTokens, slots_of
+from jetflow_sglang.sglang.penalties import PathPenalties
+from jetflow_sglang.sglang.triton_backend import NAME as TRITON_BACKEND
+from jetflow_sglang.sglang.tp_sync import broadcast_from_rank0, broadcast_object_from_rank0, make_generator
+from jetflow_sglang.sglang.verify_input import JetFlowVerifyInput, verify_tensors
 
 logger = logging.getLogger(__name__)
 
@@ -114,23 +116,24 @@ class JetFlowWorker(BaseSpecWorker):
                              f"use one of {', '.join(n for n in SERVER_DRAFTERS if n in HEAD_DRAFTERS)}")
         self.ngram = None  # prompt lookup: merged into the head's trees (JETFLOW_LOOKUP), or the head-less drafter
         if (self.head is not None and self.cfg.lookup) or (self.head is None and self.cfg.drafter == "ngram"):
-            from ..drafters import NgramDrafter
+            from jetflow_sglang.draft.drafters import NgramDrafter
 
             self.ngram = NgramDrafter()
         self.depth = self._depth()
         self.width = self.cfg.width
         self.head_drafter = None
         if self.head is not None:  # the registry's drafter, drafting the batch over the pool's padded context K/V
-            from ..drafters import HeadDrafter
+            from jetflow_sglang.draft.drafters import HeadDrafter
 
             self.head_drafter = HeadDrafter(self.head, mode=spec(self.drafter_name).mode, width=self.width,
                                             depth=self.depth, name=self.drafter_name)
         self.capture = CaptureHiddenMode.FULL if self.head is not None else None
         if str(self.device) == "cpu":  # verify GEMMs of batch x tree rows at one weight read (cpu_gemm.py)
-            from .cpu_gemm import install
+            from jetflow_sglang.sglang.cpu.gemm import install
 
             install(self.model_runner.model)
-        self.full_mask = str(self.device) != "cpu"  # QLEN_ONLY for our CPU backend, FULL for GPU custom-mask ones
+        # QLEN_ONLY (n*n per request) for this project's backends, FULL (n*(L+n)) for SGLang's custom-mask ones
+        self.full_mask = server_args.attention_backend not in (NATIVE_BACKEND, TRITON_BACKEND)
         self.adaptive = self._make_budget() if self.cfg.adaptive else None
         self.generator = make_generator(server_args, self.device, offset=0x7E7F)  # the same on every TP rank
         self.stats = StepStats()
@@ -142,7 +145,7 @@ class JetFlowWorker(BaseSpecWorker):
 
     # -- setup -------------------------------------------------------------------------------------------------
     def _load_head(self):
-        from .target_view import load_head_for_runner
+        from jetflow_sglang.sglang.target_view import load_head_for_runner
 
         head = load_head_for_runner(self.model_runner, self.cfg.head_dir)
         model = self.model_runner.model
@@ -163,7 +166,8 @@ class JetFlowWorker(BaseSpecWorker):
         jetflow, a bidirectional one with ddtree/dflash); the default follows the head."""
         if self.head is None:
             return self.cfg.drafter
-        from ..head import HeadMismatchError, drafter_for
+        from jetflow_sglang.draft.fit import drafter_for
+        from jetflow_sglang.head import HeadMismatchError
 
         try:
             return drafter_for(self.head.config, self.cfg.drafter)
@@ -183,7 +187,7 @@ class JetFlowWorker(BaseSpecWorker):
 
     def _make_budget(self):
         """`auto`: every step picks a budget in {0, 1, 2, 4, ..., max} (0 and 1: plain decoding, no head forward)."""
-        from ..budget import AdaptiveBudget
+        from jetflow_sglang.core.budget import AdaptiveBudget
 
         prior = getattr(self.cfg, "cost_prior", None)  # {verified tokens: seconds}, JETFLOW_COST_PRIOR (config.py)
         return AdaptiveBudget(max_budget=self.n, allow_zero=True, cost_prior=prior)

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from . import data as D
-from .features import build_cache
-from .trainer import TrainConfig, draft_vocab, evaluate, make_head, train
+from jetflow_sglang.train import data as D
+from jetflow_sglang.train.features import build_cache
+from jetflow_sglang.train.trainer import TrainConfig, draft_vocab, evaluate, make_head, train
 
 BASE = {"lr": 1e-3, "cosine": True, "gamma": 0.0, "layers": 2, "vocab": 16384, "branch_prob": 0.3, "seed": 0}
 ARMS = {
@@ -100,7 +100,7 @@ def main(argv=None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if a.target is None:
-        from ..paths import default_paths
+        from jetflow_sglang.paths import default_paths
         a.target = default_paths()[0]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

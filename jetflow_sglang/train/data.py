@@ -21,6 +21,8 @@ import sysconfig
 import zlib
 from pathlib import Path
 
+from jetflow_sglang.train.engines import HFContinuer
+
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 SOURCES = ("gsm8k", "sharegpt", "code")
 DEFAULT_MIX = {"gsm8k": 0.60, "sharegpt": 0.25, "code": 0.15}
@@ -189,27 +191,6 @@ def read_records(path: str | os.PathLike) -> list[dict]:
     return recs
 
 
-def generate_batch(model, prompt_ids: list[list[int]], max_new_tokens: int, eos_ids: set[int], pad_id: int,
-                   temperature: float = 0.0, seed: int = 0) -> list[list[int]]:
-    """Left-padded batched generation; returns each continuation cut after its first EOS (EOS kept)."""
-    import torch
-
-    L = max(len(p) for p in prompt_ids)
-    ids = torch.tensor([[pad_id] * (L - len(p)) + p for p in prompt_ids])
-    att = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in prompt_ids])
-    kw = dict(do_sample=False) if temperature <= 0 else dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
-    torch.manual_seed(seed)
-    dev = next(model.parameters()).device
-    with torch.inference_mode():
-        out = model.generate(input_ids=ids.to(dev), attention_mask=att.to(dev), max_new_tokens=max_new_tokens, pad_token_id=pad_id,
-                             eos_token_id=sorted(eos_ids), min_new_tokens=1, **kw)
-    conts = []
-    for row in out[:, L:].tolist():
-        cut = next((i + 1 for i, t in enumerate(row) if t in eos_ids), len(row))
-        conts.append(row[:cut])
-    return conts
-
-
 def regenerate(engine, tokenizer, prompts: dict[str, list[str]], out_path: str | os.PathLike, target_tokens: int,
                mix: dict[str, float] | None = None, sample_frac: float = 0.25, temperature: float = 0.7,
                batch_size: int = 32, max_new_tokens: int = 224, max_prompt_tokens: int = 320, seed: int = 0,
@@ -246,8 +227,6 @@ def regenerate(engine, tokenizer, prompts: dict[str, list[str]], out_path: str |
             m = "sample" if coin.random() < sample_frac else "greedy"
             if i % shard[1] == shard[0] and f"{s}/{i}" not in done and f"{s}/{i}" not in skip_keys:
                 queues.setdefault((s, m), []).append((i, p))
-    from .engines import HFContinuer
-
     engine = engine if hasattr(engine, "continue_batch") else HFContinuer(engine, tokenizer)
     eos = engine.eos_ids
     total = sum(have.values())

@@ -35,6 +35,23 @@ def model_eos_ids(config, generation_config, tokenizer) -> set[int]:
     return out
 
 
+def generate_batch(model, prompt_ids: list[list[int]], max_new_tokens: int, eos_ids: set[int], pad_id: int,
+                   temperature: float = 0.0, seed: int = 0) -> list[list[int]]:
+    """Left-padded batched generation; returns each continuation cut after its first EOS (EOS kept)."""
+    import torch
+
+    L = max(len(p) for p in prompt_ids)
+    ids = torch.tensor([[pad_id] * (L - len(p)) + p for p in prompt_ids])
+    att = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in prompt_ids])
+    kw = dict(do_sample=False) if temperature <= 0 else dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+    torch.manual_seed(seed)
+    dev = next(model.parameters()).device
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids.to(dev), attention_mask=att.to(dev), max_new_tokens=max_new_tokens, pad_token_id=pad_id,
+                             eos_token_id=sorted(eos_ids), min_new_tokens=1, **kw)
+    return [cut_at_eos(row, eos_ids) for row in out[:, L:].tolist()]
+
+
 class HFContinuer:
     """Left-padded batches through `model.generate` (one seed per batch: HF samples a batch from one generator)."""
 
@@ -44,8 +61,6 @@ class HFContinuer:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     def continue_batch(self, prompt_ids, max_new_tokens, temperature, seeds):
-        from .data import generate_batch
-
         return generate_batch(self.model, prompt_ids, max_new_tokens, self.eos_ids, self.pad_id, temperature,
                               seed=seeds[0])
 

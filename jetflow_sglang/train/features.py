@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ..head.config import target_signature
+from jetflow_sglang.head.config import target_signature
 
 
 def _final_norm(model):

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from ..head import MASK, JetFlowHead, JetFlowHeadConfig, init_from_target, save_head
-from . import dist
-from . import losses as L
+from jetflow_sglang.head import MASK, JetFlowHead, JetFlowHeadConfig, init_from_target, save_head
+from jetflow_sglang.train import dist
+from jetflow_sglang.train import losses as L
 
 
 @dataclass

@@ -3,7 +3,7 @@ SGLang's speculative-decoding kits (sglang/test/kits/spec_server_kits.py): the s
 `process`, `model`, `target_model`, `tokenizer`, `send_request`, `send_requests_abort`, `run_decode`), launched with
 this repo's CPU conventions through sgl_server.Server (`--device cpu`, bounded KV pool, JETFLOW_SGLANG_CPU=1,
 OMP_NUM_THREADS=1, HF_HUB_OFFLINE=1, the whole process group killed at the end). Import it after
-jetflow_sglang.sglang.cpu_ops.install() (SGLang's test utilities reach torchvision).
+jetflow_sglang.sglang.cpu.ops.install() (SGLang's test utilities reach torchvision).
 
 Differences from the EAGLE fixture, all about running on 2 CPU cores:
 - no CustomTestCase: its per-method watcher calls os._exit() on the whole pytest process when the server dies; here
@@ -22,7 +22,7 @@ from pathlib import Path
 import requests
 from sglang.test.server_fixtures.spec_eagle_fixture import PROMPTS  # the prompts of the fixture's helpers
 
-from sgl_server import Server
+from tests.sglang.sgl_server import Server
 
 REQUEST_TIMEOUT = 600.0  # seconds; the longest kit request (the radix kit's 400-prompt batch) takes ~2.5 min here
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from jetflow_sglang.sglang.accept import accept_batch, to_sglang
-from jetflow_sglang.tree_batch import build_topb, root_only
+from jetflow_sglang.core.tree_batch import build_topb, root_only
 
 V = 7
 

@@ -3,8 +3,6 @@ unit-tested without a GPU, including SGLang's own SM80/SM90/SM100 defaults (flas
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -82,8 +80,7 @@ SM = {  # what SGLang's get_default_attn_backend reads from the platform
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    sys.path.insert(0, str(Path(__file__).parent))
-    from sgl_fixtures import build_tiny_qwen3
+    from tests.sglang.sgl_fixtures import build_tiny_qwen3
 
     return str(build_tiny_qwen3(tmp_path_factory.mktemp("bg") / "tiny-qwen3"))
 
@@ -113,7 +110,7 @@ def _sglang_default_step(sa):
 
 @pytest.mark.parametrize("sm", list(SM))
 def test_sglang_defaults_per_sm_and_the_guard(sm, tiny_model, monkeypatch):
-    from jetflow_sglang.sglang import cpu_ops
+    from jetflow_sglang.sglang.cpu import ops as cpu_ops
 
     cpu_ops.install()  # as in every CPU SGLang process: SGLang's arg resolution imports torchvision and sgl_kernel
     from sglang.srt.arg_groups.overrides import resolving_view

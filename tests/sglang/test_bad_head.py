@@ -20,8 +20,7 @@ import pytest
 from jetflow_sglang.head import CheckpointError, HeadMismatchError, check_head_files
 from jetflow_sglang.head.check import read_safetensors_header, target_config_of
 
-sys.path.insert(0, str(Path(__file__).parent))
-from sgl_fixtures import build_tiny_head, build_tiny_qwen2, build_tiny_qwen3  # noqa: E402
+from tests.sglang.sgl_fixtures import build_tiny_head, build_tiny_qwen2, build_tiny_qwen3  # noqa: E402
 
 M = {}
 
@@ -268,7 +267,7 @@ def _server_args(head, snapshot: bool):
 def test_plugin_launch_check(snapshot):
     if os.environ.get("JETFLOW_SKIP_SGLANG") == "1":
         pytest.skip("no SGLang")
-    from jetflow_sglang.config import JetFlowConfigError
+    from jetflow_sglang.sglang.config import JetFlowConfigError
     from jetflow_sglang.sglang.plugin import resolve_config
 
     assert resolve_config(_server_args(M["head"], snapshot), env={}).drafter == "jetflow"
@@ -286,8 +285,8 @@ def test_plugin_launch_check(snapshot):
 
 
 def test_hf_engine_checks_the_files_before_the_target_loads(monkeypatch):
-    from jetflow_sglang import stack
-    from jetflow_sglang.target import Target
+    from jetflow_sglang.engine import stack
+    from jetflow_sglang.engine.target import Target
 
     monkeypatch.setattr(Target, "from_pretrained", classmethod(lambda *a, **k: pytest.fail("target loaded")))
     monkeypatch.setattr(stack, "load_head", lambda *a, **k: pytest.fail("head weights loaded"))

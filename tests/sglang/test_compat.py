@@ -10,7 +10,8 @@ import pytest
 if os.environ.get("JETFLOW_SKIP_SGLANG") == "1":
     pytest.skip("no SGLang", allow_module_level=True)
 
-from jetflow_sglang.sglang import compat, cpu_ops  # noqa: E402
+from jetflow_sglang.sglang import compat
+from jetflow_sglang.sglang.cpu import ops as cpu_ops  # noqa: E402
 
 MODULES = Path(compat.__file__).parent
 

@@ -2,13 +2,11 @@
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from jetflow_sglang.config import DEFAULT_BUDGET, DEFAULT_WIDTH, JetFlowConfigError, JetFlowServerConfig
+from jetflow_sglang.sglang.config import DEFAULT_BUDGET, DEFAULT_WIDTH, JetFlowConfigError, JetFlowServerConfig
 
 HEADS = {}
 
@@ -16,8 +14,7 @@ HEADS = {}
 @pytest.fixture(scope="module", autouse=True)
 def heads(tmp_path_factory):
     """A tiny causal head (JetFlow) and a tiny bidirectional one (DFlash-style), config and weights on disk."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    from sgl_fixtures import build_tiny_head, build_tiny_qwen3
+    from tests.sglang.sgl_fixtures import build_tiny_head, build_tiny_qwen3
 
     root = tmp_path_factory.mktemp("cfg")
     target = build_tiny_qwen3(root / "tiny-qwen3")
@@ -153,7 +150,8 @@ def test_config_is_frozen_and_describes_itself():
 
 
 def test_drafter_names_match_the_core():
-    from jetflow_sglang import config, drafters
+    from jetflow_sglang.sglang import config
+    from jetflow_sglang.draft import drafters
 
     assert set(config.DRAFTERS) == set(drafters.DRAFTERS)
     assert set(config.HEAD_DRAFTERS) <= set(drafters.DRAFTERS)
@@ -210,7 +208,7 @@ def test_head_pool_counts_in_the_kv_budget():
     assert jetflow_cell_bytes(kvc("JETFLOW"), None) == 4  # the ngram drafter keeps token ids only
     if os.environ.get("JETFLOW_SKIP_SGLANG") != "1":  # the hook wraps SGLang's default configurator once
         pytest.importorskip("sglang")
-        from jetflow_sglang.sglang import cpu_ops
+        from jetflow_sglang.sglang.cpu import ops as cpu_ops
 
         cpu_ops.install()  # as in every CPU SGLang process (its imports reach torchvision and sgl_kernel)
         from sglang.srt.model_executor.pool_configurator import DefaultPoolConfigurator
@@ -253,8 +251,7 @@ def test_a_budget_over_the_maximum_is_refused_at_launch(budget, tmp_path):
     import sys
     import time
 
-    sys.path.insert(0, os.path.dirname(__file__))
-    from sgl_fixtures import build_tiny_head, build_tiny_qwen3
+    from tests.sglang.sgl_fixtures import build_tiny_head, build_tiny_qwen3
 
     target = build_tiny_qwen3(tmp_path / "t")
     head = build_tiny_head(target, tmp_path / "h")

@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from jetflow_sglang.sglang import cpu_ops
+from jetflow_sglang.sglang.cpu import ops as cpu_ops
 
 torch.set_num_threads(1)
 
@@ -52,7 +52,7 @@ def test_copy_all_layer_kv_cache_moves_rows_in_every_buffer():
 
 
 def test_shim_serves_stub_modules_in_a_fresh_process():
-    code = ("import jetflow_sglang.sglang.cpu_ops as c; c.install(); import os, sgl_kernel\n"
+    code = ("import jetflow_sglang.sglang.cpu.ops as c; c.install(); import os, sgl_kernel\n"
             "from sgl_kernel import copy_all_layer_kv_cache_cpu as f; assert f is c.copy_all_layer_kv_cache_cpu\n"
             "import sgl_kernel.flash_attn as fa\n"
             "try:\n    sgl_kernel.some_cuda_op(1)\nexcept NotImplementedError as e:\n    print('raised', e)\n"

@@ -28,7 +28,6 @@ import contextvars
 import json
 import os
 import re
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -38,8 +37,7 @@ import pytest
 import requests
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from sgl_server import Server, jetflow_server, running  # noqa: E402
+from tests.sglang.sgl_server import Server, jetflow_server, running  # noqa: E402
 
 torch.set_num_threads(1)
 if os.environ.get("JETFLOW_SKIP_SGLANG") != "1":  # the lite install: bash scripts/install_sglang_cpu.sh .venv

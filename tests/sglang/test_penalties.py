@@ -8,8 +8,8 @@ import types
 import torch
 
 from jetflow_sglang.sglang.penalties import PathPenalties
-from jetflow_sglang.tree import DraftTree
-from jetflow_sglang.tree_batch import TreeBatch
+from jetflow_sglang.core.tree import DraftTree
+from jetflow_sglang.core.tree_batch import TreeBatch
 
 V = 12
 STOP = 11

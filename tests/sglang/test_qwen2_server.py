@@ -3,14 +3,12 @@ no set_dflash_layers_to_capture; the plugin adds it in memory. Output must equal
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from sgl_fixtures import hf_greedy, tiny_jetflow_server  # noqa: E402
+from tests.sglang.sgl_fixtures import hf_greedy, tiny_jetflow_server  # noqa: E402
 
 torch.set_num_threads(1)
 if os.environ.get("JETFLOW_SKIP_SGLANG") != "1":

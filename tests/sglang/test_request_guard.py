@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,8 +14,7 @@ from types import SimpleNamespace
 from jetflow_sglang.sglang.request_guard import (MAX_N, body_is_non_object_json, check_input_ids, check_limits,
                                                  raised_validating_body)
 
-sys.path.insert(0, str(Path(__file__).parent))
-from sgl_fixtures import tiny_jetflow_server  # noqa: E402
+from tests.sglang.sgl_fixtures import tiny_jetflow_server  # noqa: E402
 
 
 # -- unit: the checks themselves ------------------------------------------------------------------------------

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import sys
 import textwrap
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-import sgl_server  # noqa: E402
-from sgl_server import Server, free_port  # noqa: E402
+from tests.sglang import sgl_server  # noqa: E402
+from tests.sglang.sgl_server import Server, free_port  # noqa: E402
 
 # Stands in for `python -m sglang.launch_server`: the first launch logs uvicorn's bind error and stays up, the second
 # serves /model_info and /health on the port it was given.

@@ -5,16 +5,14 @@ a second server always runs that head-less drafter, on a batch of requests."""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import requests
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from sgl_fixtures import hf_greedy  # noqa: E402
-from sgl_server import Server  # noqa: E402
+from tests.sglang.sgl_fixtures import hf_greedy  # noqa: E402
+from tests.sglang.sgl_server import Server  # noqa: E402
 
 torch.set_num_threads(1)
 if os.environ.get("JETFLOW_SKIP_SGLANG") != "1":

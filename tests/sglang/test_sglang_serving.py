@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import requests
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from sgl_fixtures import build_tiny_qwen3, hf_greedy  # noqa: E402
-from sgl_server import Server  # noqa: E402
+from tests.sglang.sgl_fixtures import build_tiny_qwen3, hf_greedy  # noqa: E402
+from tests.sglang.sgl_server import Server  # noqa: E402
 
 torch.set_num_threads(1)
 if os.environ.get("JETFLOW_SKIP_SGLANG") != "1":
@@ -111,7 +109,7 @@ def test_nearly_full_pool_shrinks_the_tree_instead_of_failing(servers):
 
 # -- the worker's device-side pieces, against the host reference implementations (no server) ---------------------
 def _random_trees(b=5, depth=4, width=3, vocab=11, budget=9, seed=0):
-    from jetflow_sglang.tree_batch import build_topb
+    from jetflow_sglang.core.tree_batch import build_topb
 
     g = torch.Generator().manual_seed(seed)
     anchor = torch.randint(0, vocab, (b,), generator=g)
@@ -122,8 +120,8 @@ def _random_trees(b=5, depth=4, width=3, vocab=11, budget=9, seed=0):
 
 
 def test_device_greedy_accept_matches_host_rule():
-    from jetflow_sglang.sglang.accept import greedy_path, path_from_last, to_sglang
-    from jetflow_sglang.verify import greedy_accept
+    from jetflow_sglang.core.verify import greedy_accept, greedy_accept_batch
+    from jetflow_sglang.sglang.accept import to_sglang
 
     tb = _random_trees()
     b, n = tb.tokens.shape
@@ -137,8 +135,7 @@ def test_device_greedy_accept_matches_host_rule():
                 break
             node = kids[-1]
             argmax[i, t.parents[node]] = t.tokens[node]
-    last, bonus = greedy_path(tb.tokens, tb.parents, tb.depths, tb.sizes, argmax, n - 1)
-    path = path_from_last(tb.parents, tb.depths, last, n - 1)
+    path, _, bonus = greedy_accept_batch(tb, argmax)  # the one batched greedy acceptor (engine and worker)
     predict, accept_index, accept_lens, emitted = to_sglang(tb.tokens, path, bonus, n)
     for i in range(b):
         t = tb.tree(i)
@@ -174,7 +171,7 @@ def test_device_rejection_sampling_follows_the_target():
 
 
 def test_verify_mask_and_links_on_device():
-    from jetflow_sglang.sglang import cpu_ops
+    from jetflow_sglang.sglang.cpu import ops as cpu_ops
 
     cpu_ops.install()  # verify_input imports SGLang's spec modules (sgl_kernel/torchvision shims on CPU)
     from jetflow_sglang.sglang.verify_input import tree_links, verify_mask

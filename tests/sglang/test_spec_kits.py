@@ -47,7 +47,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 import unittest
 from pathlib import Path
 
@@ -55,20 +54,19 @@ import pytest
 import requests
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
 
 torch.set_num_threads(1)
 if os.environ.get("JETFLOW_SKIP_SGLANG") == "1":
     pytest.skip("SGLang is not installed (JETFLOW_SKIP_SGLANG=1)", allow_module_level=True)
 import sglang  # noqa: E402,F401
-from jetflow_sglang.sglang import cpu_ops  # noqa: E402
+from jetflow_sglang.sglang.cpu import ops as cpu_ops  # noqa: E402
 
 cpu_ops.install()  # sglang.test.test_utils reaches torchvision (a stub here), as every CPU SGLang process does
 from sglang.test.kits.spec_server_kits import (  # noqa: E402
     SpecCorrectnessKit, SpecFeatureKit, SpecGrammarKit, SpecHiddenStatesKit, SpecLogprobKit, SpecParityKit,
     SpecPenaltyKit, SpecSamplingMaskKit, _greedy)
 
-from kits_fixture import CpuServerBase, KitServer  # noqa: E402
+from tests.sglang.kits_fixture import CpuServerBase, KitServer  # noqa: E402
 
 pytestmark = pytest.mark.slow
 CpuServerBase.__test__ = False
@@ -362,8 +360,8 @@ class _TinyKits(_JetflowServer):
 
     @classmethod
     def resolve_models(cls):
-        from kits_models import build_tiny_llama_wide
-        from sgl_fixtures import build_tiny_head
+        from tests.sglang.kits_models import build_tiny_llama_wide
+        from tests.sglang.sgl_fixtures import build_tiny_head
 
         target, _ = _default_models()
         cls.model = str(build_tiny_llama_wide(cls.log_dir / "tiny-llama", target))

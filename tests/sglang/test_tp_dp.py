@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from sgl_fixtures import build_tiny_head, build_tiny_qwen3, hf_greedy  # noqa: E402
-from sgl_server import Server  # noqa: E402
+from tests.sglang.sgl_fixtures import build_tiny_head, build_tiny_qwen3, hf_greedy  # noqa: E402
+from tests.sglang.sgl_server import Server  # noqa: E402
 
 torch.set_num_threads(1)
 if os.environ.get("JETFLOW_SKIP_SGLANG") != "1":

@@ -1,0 +1,103 @@
+"""`--attention-backend jetflow_tree_triton` end to end on the CPU, under Triton's interpreter: real SGLang servers on
+a tiny random Llama and a tiny random Qwen3 (each with a head made for it here), float32 greedy, verified by the
+project's Triton kernel over SGLang's own KV pool. Token-identical to the plain server at budgets 1, 4 and 16 (page
+sizes 1 and 16), for a batch of 3 requests of different lengths and for a radix-cache hit; and the launch refuses the
+backend on a CPU without TRITON_INTERPRET=1, in one line."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.sglang.sgl_fixtures import _build_tiny, build_tiny_head
+from tests.sglang.sgl_server import Server, running
+
+torch.set_num_threads(1)
+if os.environ.get("JETFLOW_SKIP_SGLANG") == "1":
+    pytest.skip("SGLang is not installed (JETFLOW_SKIP_SGLANG=1)", allow_module_level=True)
+import sglang  # noqa: E402,F401
+
+pytestmark = pytest.mark.slow
+NEW = 20
+# (budget, page size) per JETFLOW server: one-node trees, small trees, and full trees on 16-token pages
+SERVERS = {"Llama": [(1, 1), (4, 1), (16, 16)], "Qwen3": [(1, 16), (4, 16), (16, 1)]}
+PROMPTS = ["The quick brown fox jumps over", "def fib(n):\n    return", "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15"]
+BACKEND = ["--attention-backend", "jetflow_tree_triton"]
+
+
+def _jetflow(target, head, log, budget: int, page: int) -> Server:
+    return Server(str(target), ["--dtype", "float32", "--speculative-algorithm", "JETFLOW",
+                                "--speculative-draft-model-path", str(head), "--speculative-num-draft-tokens",
+                                str(budget), "--page-size", str(page), *BACKEND],
+                  log, env={"TRITON_INTERPRET": "1"})
+
+
+@pytest.fixture(scope="module", params=list(SERVERS))
+def family(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(f"triton-{request.param.lower()}")
+    target = _build_tiny(root / "target", request.param, 0)
+    head = build_tiny_head(target, root / "head")
+    plain = Server(str(target), ["--dtype", "float32"], root / "plain.log")
+    spec = [_jetflow(target, head, root / f"jetflow-b{b}-p{p}.log", b, p) for b, p in SERVERS[request.param]]
+    for servers in running(plain, *spec):
+        yield request.param, target, servers[0], servers[1:]
+
+
+def _ids(target):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(target))
+    return [tok(p).input_ids for p in PROMPTS]
+
+
+def _batch(srv: Server, ids: list[list[int]]) -> list[dict]:
+    """The 3 prompts in one /generate call: SGLang schedules them as one batch of different lengths."""
+    return srv.generate(input_ids=ids, sampling_params={"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True})
+
+
+def test_triton_backend_is_token_identical_to_the_plain_server(family):
+    name, target, plain, spec = family
+    ids = _ids(target)
+    want = [o["output_ids"] for o in _batch(plain, ids)]
+    for srv, (budget, page) in zip(spec, SERVERS[name]):
+        got = _batch(srv, ids)
+        assert [o["output_ids"] for o in got] == want, (name, budget, page)
+        if budget > 1:  # SGLang reports spec statistics only when drafts were proposed (budget > 1)
+            assert all(o["meta_info"]["spec_verify_ct"] > 0 for o in got), (name, budget)
+        log = open(srv.log, errors="replace").read()
+        assert "jetflow_tree_triton: TARGET_VERIFY through the Triton tree kernel" in log, \
+            "the server did not verify with the Triton backend"
+
+
+def test_triton_backend_radix_hit_is_token_identical(family):
+    name, target, plain, spec = family
+    ids = _ids(target)
+    longer = ids[2] + ids[0]  # shares the third prompt as a prefix: served from the radix cache
+    want = plain.generate(input_ids=longer, sampling_params={"max_new_tokens": NEW, "temperature": 0,
+                                                              "ignore_eos": True})["output_ids"]
+    for srv, (budget, page) in zip(spec, SERVERS[name]):
+        srv.generate(input_ids=ids[2], sampling_params={"max_new_tokens": 2, "temperature": 0})  # warm the prefix
+        out = srv.generate(input_ids=longer, sampling_params={"max_new_tokens": NEW, "temperature": 0,
+                                                               "ignore_eos": True})
+        assert out["meta_info"]["cached_tokens"] > 0, (name, budget, page, out["meta_info"])
+        assert out["output_ids"] == want, (name, budget, page)
+
+
+def test_triton_backend_on_cpu_needs_the_interpreter(tmp_path):
+    """Without TRITON_INTERPRET=1 the launch stops at argument resolution (before any model loads), in one line."""
+    target = _build_tiny(tmp_path / "target", "Qwen3", 0)
+    head = build_tiny_head(target, tmp_path / "head")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(JETFLOW_SGLANG_CPU="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    res = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--model-path", str(target), "--device", "cpu",
+                          "--dtype", "float32", "--speculative-algorithm", "JETFLOW", "--speculative-draft-model-path",
+                          str(head), *BACKEND, "--port", "1"], capture_output=True, text=True, env=env, timeout=300)
+    log = res.stdout + res.stderr
+    assert res.returncode == 2, (res.returncode, log[-3000:])
+    errors = [ln for ln in log.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "--attention-backend jetflow_tree_triton" in errors[0] \
+        and "TRITON_INTERPRET=1" in errors[0], log[-3000:]
+    assert "Load weight" not in log  # refused before the target loads
