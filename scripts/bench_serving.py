@@ -135,6 +135,48 @@ def summarize(concurrency: int, res: list[dict], wall: float) -> dict:
             "cached_tokens_mean": round(statistics.mean(x["cached"] for x in res), 1)}
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by a process and its children (a server: launcher, scheduler,
+    detokenizer)."""
+    import psutil
+
+    try:
+        procs = [psutil.Process(pid)]
+        procs += procs[0].children(recursive=True)
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for proc in procs:
+        try:
+            c = proc.cpu_times()
+            total += c.user + c.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def cpu_snapshot(servers: dict) -> dict:
+    """CPU seconds so far: per server, this benchmark process (its client threads), and the whole machine."""
+    import psutil
+
+    m = psutil.cpu_times()
+    busy = m.user + m.system + getattr(m, "nice", 0) + getattr(m, "irq", 0) + getattr(m, "softirq", 0) + \
+        getattr(m, "steal", 0)
+    me = psutil.Process().cpu_times()  # this process alone (its client threads); the servers are its children
+    return {"servers": {n: tree_cpu_s(s.proc.pid) for n, s in servers.items()}, "bench": me.user + me.system,
+            "machine": busy}
+
+
+def cpu_during(before: dict, after: dict, measured: str) -> dict:
+    """Where the CPU went during one level of one server: the measured server itself, the other (idle) servers, and
+    everything else on the machine (foreign). A level slowed by load shows up here instead of as a mystery."""
+    own = after["servers"].get(measured, 0.0) - before["servers"].get(measured, 0.0)
+    others = sum(after["servers"][n] - before["servers"].get(n, 0.0) for n in after["servers"] if n != measured)
+    bench = after["bench"] - before["bench"]
+    foreign = (after["machine"] - before["machine"]) - own - others - bench
+    return {"own_cpu_s": round(own, 2), "other_servers_cpu_s": round(others, 2), "foreign_cpu_s": round(max(0.0, foreign), 2)}
+
+
 def server_state(srv: Server) -> dict:
     try:
         info = requests.get(srv.url + "/server_info", timeout=30).json()
@@ -159,8 +201,9 @@ def write_report(out: Path, meta: dict, results: list[dict], failures: dict) -> 
              f"{meta['max_tokens']}, greedy, radix cache on; shared-prefix: a {meta['prefix_tokens']}-token system "
              f"prompt + different questions; {meta.get('threads', 1)} torch threads per server; machine: {meta['machine']}; sglang {meta['sglang']}, torch {meta['torch']}.",
              "", "| workload | config | conc. | output tok/s | vs nospec | per round (min-max) | TTFT mean (s) | "
-                 "ITL mean (ms) | e2e mean (s) | e2e p50 | e2e max | accept len | cached tok |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                 "ITL mean (ms) | e2e mean (s) | e2e p50 | e2e max | accept len | cached tok | "
+                 "others' CPU s (max round) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         b = base.get((r["workload"], r["concurrency"]))
         sp = f"{r['output_tok_per_s'] / b:.2f}x" if b else "-"
@@ -170,15 +213,24 @@ def write_report(out: Path, meta: dict, results: list[dict], failures: dict) -> 
         lines.append(f"| {r['workload']} | {r['config']} | {r['concurrency']} | {r['output_tok_per_s']:.1f} | {sp} | "
                      f"{spread} | "
                      f"{r['ttft_mean_s']:.3f} | {r['itl_mean_ms']:.1f} | {r['e2e_mean_s']:.2f} | {r['e2e_p50_s']:.2f} "
-                     f"| {r['e2e_max_s']:.2f} | {acc} | {r['cached_tokens_mean']:.0f} |")
+                     f"| {r['e2e_max_s']:.2f} | {acc} | {r['cached_tokens_mean']:.0f} | {_others(r)} |")
     lines += ["", "All servers run at once with `--sleep-on-idle`; each level runs every configuration back to back, "
-              "in an order that rotates from level to level, and starts with a flushed cache."]
+              "in an order that rotates from level to level, and starts with a flushed cache.",
+              "", "Others' CPU: CPU seconds that the other (idle) servers / everything else on the machine used while "
+              "this level ran, the largest round; a slow round with a large number there was slowed by load."]
     for name, why in failures.items():
         lines += ["", f"**{name} did not run**: {why}"]
     text = "\n".join(lines) + "\n"
     out.with_suffix(".md").write_text(text)
     _plot(out.with_suffix(".png"), results)
     return text
+
+
+def _others(r: dict) -> str:
+    cpu = r.get("round_cpu") or []
+    if not cpu:
+        return "-"
+    return f"{max(x['other_servers_cpu_s'] for x in cpu):.1f} / {max(x['foreign_cpu_s'] for x in cpu):.1f}"
 
 
 def round_ratios(rounds: list[float] | None, base: list[float] | None) -> list[float]:
@@ -279,6 +331,7 @@ def main(argv=None) -> int:
     bar = tqdm(total=len(servers) * len(levels) * a.rounds, desc="bench", unit="level")
     pooled: dict[tuple[str, str, int], tuple[list[dict], float, dict]] = {}  # (config, workload, c) -> rounds so far
     rounds_tps: dict[tuple[str, str, int], list[float]] = {}  # (config, workload, c) -> output tok/s of each round
+    rounds_cpu: dict[tuple[str, str, int], list[dict]] = {}  # (config, workload, c) -> where the CPU went, per round
     try:
         for k, (wname, prompts, c) in enumerate(level for _ in range(a.rounds) for level in levels):
             names = [n for n in a.configs if n in servers]
@@ -290,7 +343,9 @@ def main(argv=None) -> int:
                     continue
                 try:
                     srv.flush_cache()  # every level starts cold
+                    cpu0 = cpu_snapshot(servers)
                     recs, wall = run_level(srv, prompts, c, a.max_tokens)
+                    rounds_cpu.setdefault((name, wname, c), []).append(cpu_during(cpu0, cpu_snapshot(servers), name))
                     old_recs, old_wall, _ = pooled.get((name, wname, c), ([], 0.0, {}))
                     pooled[(name, wname, c)] = (old_recs + recs, old_wall + wall, server_state(srv))
                     rounds_tps.setdefault((name, wname, c), []).append(sum(x["tokens"] for x in recs) / wall)
@@ -304,6 +359,7 @@ def main(argv=None) -> int:
     per_round = {wname: len(prompts) for wname, prompts, _ in workloads}
     results = [{"config": name, "workload": wname, "rounds": len(recs) // per_round[wname],
                 **summarize(c, recs, wall), "round_tok_per_s": [round(x, 3) for x in rounds_tps[(name, wname, c)]],
+                "round_cpu": rounds_cpu.get((name, wname, c), []),
                 "server": state}
                for (name, wname, c), (recs, wall, state) in pooled.items()]
     order = {n: i for i, n in enumerate(a.configs)}

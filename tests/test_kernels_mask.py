@@ -99,20 +99,20 @@ def _expected_allow(parents, p, qo, kv):
 def test_flashinfer_custom_mask_layout_by_emulation():
     """Bool flat mask -> segment packbits (little) -> FlashInfer's ptr[off/8] >> off%8 & 1 addressing."""
     trees, words, indptr, ps = _batch()
-    flat = tm.flashinfer_custom_mask(words, indptr, ps)
-    bit_indptr = tm.flashinfer_mask_indptr(indptr, ps)
+    flat = fip.flashinfer_custom_mask(words, indptr, ps)
+    bit_indptr = fip.flashinfer_mask_indptr(indptr, ps)
     assert flat.numel() == int(bit_indptr[-1]) == sum(len(t) * (p + len(t)) for t, p in zip(trees, ps))
-    packed, byte_indptr = tm.packbits_little(flat, bit_indptr)
+    packed, byte_indptr = fip.packbits_little(flat, bit_indptr)
     for b, (parents, p) in enumerate(zip(trees, ps)):
         n, kv_len = len(parents), p + len(parents)
         for qo in range(n):
             for kv in range(kv_len):
                 want = _expected_allow(parents, p, qo, kv)
-                assert tm.flashinfer_mask_bit(packed, byte_indptr, b, qo, kv, kv_len) == want, (b, qo, kv)
+                assert fip.flashinfer_mask_bit(packed, byte_indptr, b, qo, kv, kv_len) == want, (b, qo, kv)
     # Big-endian bytes (flashinfer.packbits' default) put bits in the wrong place: the emulation must notice.
     big = torch.from_numpy(np.packbits(flat[:int(bit_indptr[1])].numpy(), bitorder="big"))
     n0, kv0 = len(trees[0]), ps[0] + len(trees[0])
-    assert any(tm.flashinfer_mask_bit(big, byte_indptr, 0, q, k, kv0) != _expected_allow(trees[0], ps[0], q, k)
+    assert any(fip.flashinfer_mask_bit(big, byte_indptr, 0, q, k, kv0) != _expected_allow(trees[0], ps[0], q, k)
                for q in range(n0) for k in range(kv0))
 
 
@@ -143,7 +143,7 @@ def test_stock_plan_args_sglang_layout():
     a = fip.stock_plan_args(table, torch.tensor(ps, dtype=torch.int32), indptr, words, page_size=1)
     assert a["paged_kv_indptr"].tolist() == [0] + np.cumsum(kv_lens).tolist()
     assert a["paged_kv_last_page_len"].tolist() == [1, 1, 1]
-    assert torch.equal(a["custom_mask"], tm.flashinfer_custom_mask(words, indptr, ps))
+    assert torch.equal(a["custom_mask"], fip.flashinfer_custom_mask(words, indptr, ps))
     a16 = fip.paged_kv_args(table, kv_lens, 16)
     assert a16["paged_kv_last_page_len"].tolist() == [(k - 1) % 16 + 1 for k in kv_lens]
     with pytest.raises(ValueError):
@@ -158,7 +158,7 @@ def test_flashinfer_absent_or_consistent():
     from flashinfer.prefill import _compute_page_mask_indptr
     trees, words, indptr, ps = _batch()
     kv_lens = torch.tensor([p + len(t) for t, p in zip(trees, ps)], dtype=torch.int32)
-    want = tm.flashinfer_mask_indptr(indptr, ps)
+    want = fip.flashinfer_mask_indptr(indptr, ps)
     assert _compute_page_mask_indptr(indptr, torch.tensor([0, *kv_lens.cumsum(0).tolist()]), torch.ones_like(kv_lens),
                                      1).tolist() == want.tolist()
 

@@ -5,9 +5,10 @@ The best budget maximises tokens per second: batch * tau(b) / (t_draft(b) + t_ve
   budget-B tree are exactly the budget-b tree, and its accepted length is the deepest accepted node with index < b.
   tau(1) = 1 exactly (budget 1 is a root-only tree: plain decoding, no head forward); budget 0 (allow_zero, SGLang)
   is plain decoding without any verify tree, also tau = 1.
-- t_verify(n) starts from a cost prior (measured verify forwards at a few sizes, `measure_cost_prior`, or a given
-  {tokens: seconds} dict) and is replaced by the measured cost per bucket of verified tokens as rounds come in
-  (an exponential mean in which one slow round counts as at most SPIKE times the estimate: see _smooth).
+- t_verify(n) starts from a cost prior (measured verify forwards at a few sizes, engine.profiling's
+  `measure_cost_prior`, or a given {tokens: seconds} dict) and is replaced by the measured cost per bucket of
+  verified tokens as rounds come in (an exponential mean in which one slow round counts as at most SPIKE times the
+  estimate: see _smooth).
   Measured costs (verify and draft) are kept per bucket of batch size: one head forward drafts the whole batch and
   the same tokens cost more spread over more requests, so what a server learnt at batch 8 must not price batch 1
   when the load falls (a batch size without measurements borrows the nearest one's).
@@ -95,7 +96,8 @@ class _Decayed:
 
 
 class AdaptiveBudget:
-    """choose(batch) -> tree size for the next round; observe(...) after it. The engine's cost prior comes from engine/profiling.py."""
+    """choose(batch) -> tree size for the next round; observe(...) after it. The engine's cost prior comes from
+    engine/profiling.py, the server's from JETFLOW_COST_PRIOR (or the neutral prior)."""
 
     def __init__(self, max_budget: int = 256, *, min_budget: int = 1, cost_prior: dict[int, float] | None = None,
                  draft_prior_s: float | None = None, allow_zero: bool = False, decay: float = 0.95,

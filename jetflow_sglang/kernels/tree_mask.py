@@ -6,16 +6,12 @@ itself. Column j is request-local. Prefix columns are implicit (always visible).
 """
 from __future__ import annotations
 
-from typing import Sequence
-
-import numpy as np
 import torch
 
 from jetflow_sglang.core.tree import ancestor_mask, pack_bits, pack_ragged, unpack_bits, words_for
 
 __all__ = ["ancestor_mask", "pack_bits", "unpack_bits", "pack_ragged", "words_for", "GRAPH_WORDS", "pad_words",
-           "pad_nodes", "dense_allow", "flashinfer_custom_mask", "flashinfer_mask_indptr", "packbits_little",
-           "flashinfer_mask_bit", "lens_from_indptr"]
+           "pad_nodes", "dense_allow", "lens_from_indptr"]
 
 # One word count for every N <= 256 so a single CUDA graph serves every tree size up to the largest budget.
 GRAPH_WORDS = 8
@@ -53,43 +49,3 @@ def dense_allow(tree_words: torch.Tensor, n: int, prefix_len: int) -> torch.Tens
     """Bool [n, prefix_len + n] for SDPA: prefix columns True, tree columns from the packed rows of one request."""
     tree = unpack_bits(tree_words.cpu(), n).to(tree_words.device)
     return torch.cat([torch.ones(n, prefix_len, dtype=torch.bool, device=tree.device), tree], dim=1)
-
-
-def flashinfer_custom_mask(words: torch.Tensor, qo_indptr: torch.Tensor, prefix_lens: Sequence[int]) -> torch.Tensor:
-    """FlashInfer's bool `custom_mask` (flat): concat over b of row-major [n_b, kv_len_b], kv_len_b = P_b + n_b.
-
-    This is what SGLang passes to `plan(custom_mask=...)` in target-verify mode; it costs n_b * (P_b + n_b) bits,
-    growing with the prefix, which is why the packed layout exists.
-    """
-    lens = lens_from_indptr(qo_indptr)
-    if len(prefix_lens) != len(lens):
-        raise ValueError(f"{len(lens)} requests but {len(prefix_lens)} prefix lengths")
-    starts = qo_indptr.tolist()
-    parts = [dense_allow(words[s:s + n], n, int(p)).flatten() for s, n, p in zip(starts, lens, prefix_lens)]
-    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.bool)
-
-
-def flashinfer_mask_indptr(qo_indptr: torch.Tensor, prefix_lens: Sequence[int]) -> torch.Tensor:
-    """Bit offsets of each request's segment, as FlashInfer's `_compute_page_mask_indptr` makes them."""
-    sizes = [n * (int(p) + n) for n, p in zip(lens_from_indptr(qo_indptr), prefix_lens)]
-    return torch.tensor([0] + np.cumsum(sizes).tolist(), dtype=torch.int64)
-
-
-def packbits_little(custom_mask: torch.Tensor, mask_indptr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """CPU twin of `flashinfer.segment_packbits(mask, indptr, bitorder="little")` (which needs a GPU).
-
-    Each segment is packed on its own and padded to whole bytes; returns (uint8 bytes, byte offsets).
-    """
-    flat = custom_mask.to(torch.bool).cpu().numpy()
-    bounds = mask_indptr.tolist()
-    chunks = [np.packbits(flat[a:b], bitorder="little") for a, b in zip(bounds, bounds[1:])]
-    byte_indptr = [0] + np.cumsum([len(c) for c in chunks]).tolist()
-    packed = np.concatenate(chunks) if chunks else np.zeros(0, np.uint8)
-    return torch.from_numpy(packed), torch.tensor(byte_indptr, dtype=torch.int64)
-
-
-def flashinfer_mask_bit(packed: torch.Tensor, byte_indptr: torch.Tensor, b: int, qo_idx: int, kv_idx: int,
-                        kv_len: int) -> bool:
-    """Emulates `DefaultAttention::LogitsMask`: ptr = packed + indptr[b]; off = qo*kv_len + kv; ptr[off/8] >> off%8 & 1."""
-    off = qo_idx * kv_len + kv_idx
-    return bool((int(packed[int(byte_indptr[b]) + off // 8]) >> (off % 8)) & 1)

@@ -18,7 +18,7 @@ reproduced here exactly as SGLang 0.5.23 drives them in TARGET_VERIFY, and each 
   KVIndexTranslator): kv_indptr over L + n and kv_indices that include the draft slots, the custom mask passed on
   unpadded; FlashInfer's plan(page_size=1) then sets mask_indptr = cumsum(qo_len * kv_len) and packs each segment with
   segment_packbits(bitorder="little"); its kernel reads bit qo * kv_len + kv of the segment. Emulated on the CPU with
-  kernels.tree_mask.packbits_little / flashinfer_mask_bit: every bit must equal window_mask, and attention over the
+  experimental.flashinfer_path.packbits_little / flashinfer_mask_bit: every bit must equal window_mask, and attention over the
   slots kv_indices names, masked by those bits, must equal jetflow_tree_native.
 
 Cases: random trees with ragged sizes inside the fixed n (padding slots as TreeBatch makes them), ragged prefix
@@ -57,6 +57,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E4
 
 from jetflow_sglang.core.tree import DraftTree, ancestor_mask, pack_bits  # noqa: E402
 from jetflow_sglang.core.tree_batch import TreeBatch  # noqa: E402
+from experimental import flashinfer_path as fip  # noqa: E402
 from jetflow_sglang.kernels import tree_mask as tm  # noqa: E402
 from jetflow_sglang.kernels.reference import tree_attn_reference  # noqa: E402
 from jetflow_sglang.sglang.attention_backend import TreeTorchNativeAttnBackend, window_mask  # noqa: E402
@@ -235,7 +236,7 @@ def flashinfer_bits(c, custom_mask):
     kv_len = (kv_indptr[1:] - kv_indptr[:-1] - 1) * 1 + 1
     mask_indptr = torch.zeros(c.b + 1, dtype=torch.long)
     mask_indptr[1:] = torch.cumsum((qo_indptr[1:] - qo_indptr[:-1]) * kv_len, 0)
-    assert mask_indptr.tolist() == tm.flashinfer_mask_indptr(qo_indptr, c.seq_lens.tolist()).tolist()
+    assert mask_indptr.tolist() == fip.flashinfer_mask_indptr(qo_indptr, c.seq_lens.tolist()).tolist()
     try:
         from flashinfer.prefill import _compute_page_mask_indptr
     except ImportError:  # optional, GPU only
@@ -243,10 +244,10 @@ def flashinfer_bits(c, custom_mask):
     else:
         assert _compute_page_mask_indptr(qo_indptr, kv_indptr, torch.ones_like(kv_len), 1).tolist() == \
             mask_indptr.tolist()
-    packed, byte_indptr = tm.packbits_little(mask.cpu(), mask_indptr)
+    packed, byte_indptr = fip.packbits_little(mask.cpu(), mask_indptr)
 
     def read(r, qo, kv):  # DefaultAttention::LogitsMask: segment r, bit qo * kv_len + kv
-        return tm.flashinfer_mask_bit(packed, byte_indptr, r, qo, kv, int(kv_len[r]))
+        return fip.flashinfer_mask_bit(packed, byte_indptr, r, qo, kv, int(kv_len[r]))
 
     return kv_indptr, kv_indices.cpu().long(), kv_len.tolist(), read
 
