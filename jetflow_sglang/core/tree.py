@@ -195,9 +195,9 @@ def pack_bits(mask: torch.Tensor, words: int | None = None) -> torch.Tensor:
     words = words_for(cols) if words is None else words
     if words < words_for(cols):
         raise ValueError(f"{cols} columns need {words_for(cols)} words, got {words}")
-    bits = torch.zeros(rows, words * 32, dtype=torch.int64)
+    bits = torch.zeros(rows, words * 32, dtype=torch.int64, device=mask.device)  # on the mask's device: no sync
     bits[:, :cols] = mask.to(torch.int64)
-    weights = torch.ones(32, dtype=torch.int64) << torch.arange(32)
+    weights = torch.ones(32, dtype=torch.int64, device=mask.device) << torch.arange(32, device=mask.device)
     packed = (bits.view(rows, words, 32) * weights).sum(-1)
     return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
 

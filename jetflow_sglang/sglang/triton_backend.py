@@ -19,7 +19,7 @@ import logging
 
 import torch
 
-from jetflow_sglang.core.tree import words_for
+from jetflow_sglang.core.tree import pack_bits
 from jetflow_sglang.sglang.attention_backend import TreeTorchNativeAttnBackend, tree_rows_mask
 
 NAME = "jetflow_tree_triton"
@@ -28,12 +28,9 @@ logger = logging.getLogger(__name__)
 
 def pack_tree_rows(rows: torch.Tensor) -> torch.Tensor:
     """[b, n, n] bool ancestor-or-self rows -> int32 words [b*n, W] (bit j%32 of word j//32 = node j visible),
-    on the rows' device."""
+    on the rows' device (core.tree.pack_bits, the one packing)."""
     b, n, _ = rows.shape
-    w = words_for(n)
-    bits = torch.nn.functional.pad(rows.to(torch.int64), (0, w * 32 - n)).view(b * n, w, 32)
-    packed = (bits << torch.arange(32, device=rows.device)).sum(-1)
-    return torch.where(packed >= 2 ** 31, packed - 2 ** 32, packed).to(torch.int32)
+    return pack_bits(rows.reshape(b * n, n))
 
 
 def block_table(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, width: int, page_size: int):
@@ -103,14 +100,16 @@ class TreeTritonVerify:
         bt, prefix, qo_indptr, words, max_len = self._tree_inputs(forward_batch, n)
         if not getattr(self, "_announced", False):
             self._announced = True
-            logger.info(f"{NAME}: TARGET_VERIFY through the Triton tree kernel ({'CUDA' if q.is_cuda else 'interpreter'})")
+            where = "CUDA" if q.is_cuda else "interpreter"
+            logger.info(f"{NAME}: TARGET_VERIFY through the Triton tree kernel ({where})")
         page = self._page_size()
         hq, d = layer.tp_q_head_num, layer.qk_head_dim
         k_cache = paged(self.token_to_kv_pool.get_key_buffer(layer.layer_id), page)
         v_cache = paged(self.token_to_kv_pool.get_value_buffer(layer.layer_id), page)
         qq = q.reshape(-1, hq, d)
-        if k_cache.dtype != qq.dtype:  # e.g. an fp8 pool: the kernel takes one dtype
-            k_cache, v_cache = k_cache.to(qq.dtype), v_cache.to(qq.dtype)
+        if k_cache.dtype != qq.dtype:  # e.g. an fp8 pool: the kernel reads q, k and v in one dtype
+            raise NotImplementedError(f"{NAME}: a {k_cache.dtype} KV cache with {qq.dtype} queries is not supported; "
+                                      f"use --kv-cache-dtype auto")
         out = tree_attention(qq.contiguous(), k_cache, v_cache, bt, prefix, qo_indptr, words,
                              sm_scale=layer.scaling, max_q=n,
                              num_splits=self._splits(qq, max_len, n, prefix.shape[0]))
