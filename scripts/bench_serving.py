@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "sglang"))
-from sgl_server import Server  # noqa: E402  (the same launcher the e2e tests use)
+from sgl_server import Server, process_tree_cpu_s  # noqa: E402  (the same launcher the e2e tests use)
 
 from jetflow_sglang.engine.profiling import cpu_model  # noqa: E402
 
@@ -135,26 +135,6 @@ def summarize(concurrency: int, res: list[dict], wall: float) -> dict:
             "cached_tokens_mean": round(statistics.mean(x["cached"] for x in res), 1)}
 
 
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) used so far by a process and its children (a server: launcher, scheduler,
-    detokenizer)."""
-    import psutil
-
-    try:
-        procs = [psutil.Process(pid)]
-        procs += procs[0].children(recursive=True)
-    except psutil.NoSuchProcess:
-        return 0.0
-    total = 0.0
-    for proc in procs:
-        try:
-            c = proc.cpu_times()
-            total += c.user + c.system
-        except psutil.NoSuchProcess:
-            pass
-    return total
-
-
 def cpu_snapshot(servers: dict) -> dict:
     """CPU seconds so far: per server, this benchmark process (its client threads), and the whole machine."""
     import psutil
@@ -163,7 +143,7 @@ def cpu_snapshot(servers: dict) -> dict:
     busy = m.user + m.system + getattr(m, "nice", 0) + getattr(m, "irq", 0) + getattr(m, "softirq", 0) + \
         getattr(m, "steal", 0)
     me = psutil.Process().cpu_times()  # this process alone (its client threads); the servers are its children
-    return {"servers": {n: tree_cpu_s(s.proc.pid) for n, s in servers.items()}, "bench": me.user + me.system,
+    return {"servers": {n: process_tree_cpu_s(s.proc.pid) for n, s in servers.items()}, "bench": me.user + me.system,
             "machine": busy}
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import requests
 from sglang.test.server_fixtures.spec_eagle_fixture import PROMPTS  # the prompts of the fixture's helpers
 
-from tests.sglang.sgl_server import Server
+from tests.sglang.sgl_server import Server, process_tree_cpu_s
 
 REQUEST_TIMEOUT = 600.0  # seconds; the longest kit request (the radix kit's 400-prompt batch) takes ~2.5 min here
 
@@ -123,22 +123,7 @@ class CpuServerBase(unittest.TestCase):
     def _cpu_seconds(self) -> float:
         """CPU time used so far by the accounted servers' processes and by this test process (what a test costs on
         a shared machine, where wall time says little)."""
-        import psutil
-
-        total, procs = 0.0, [psutil.Process()]
-        for pid in self.accounted_pids():
-            try:
-                procs.append(psutil.Process(pid))
-                procs += procs[-1].children(recursive=True)
-            except psutil.Error:
-                pass
-        for p in procs:
-            try:
-                t = p.cpu_times()
-                total += t.user + t.system
-            except psutil.Error:
-                pass
-        return total
+        return process_tree_cpu_s(*self.accounted_pids(), include_self=True)
 
     def setUp(self):
         self._t0, self._cpu0 = time.monotonic(), self._cpu_seconds()

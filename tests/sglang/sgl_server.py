@@ -141,3 +141,25 @@ def jetflow_server(target, head, log: Path, budget: int, *extra: str) -> Server:
     return Server(str(target), ["--dtype", "float32", "--speculative-algorithm", "JETFLOW",
                                 "--speculative-draft-model-path", str(head), "--speculative-num-draft-tokens",
                                 str(budget), *extra], log)
+
+
+def process_tree_cpu_s(*pids: int, include_self: bool = False) -> float:
+    """CPU seconds (user + system) used so far by each pid and its children (a server: launcher, scheduler,
+    detokenizer), plus this process alone (not its children) with include_self. Gone processes count 0."""
+    import psutil
+
+    procs = [psutil.Process()] if include_self else []
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            procs += [root, *root.children(recursive=True)]
+        except psutil.Error:
+            pass
+    total = 0.0
+    for proc in procs:
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
