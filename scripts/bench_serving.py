@@ -9,6 +9,11 @@ server's (`spec_accept_length` in meta_info). Results: <out>.json, <out>.md and 
 
     python scripts/bench_serving.py                          # default SmolLM2 + shipped head, CPU, all configs
     python scripts/bench_serving.py --configs nospec jetflow-b8 --concurrency 1 4 --requests 16
+    python scripts/bench_serving.py --burst 3 ...            # every level starts with 3 s of load on every core
+
+A round that other processes slowed (their CPU over --max-foreign-cpu of a core) is run again, up to --retries
+times; the discarded rounds stay in the JSON. --burst makes that load on purpose, the same for every configuration,
+to measure how each recovers from it (the burst's own CPU is counted apart, not as foreign).
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -135,8 +141,23 @@ def summarize(concurrency: int, res: list[dict], wall: float) -> dict:
             "cached_tokens_mean": round(statistics.mean(x["cached"] for x in res), 1)}
 
 
+class Burst:
+    """`seconds` of load on every core (one busy process each), started now: a neighbour's job on a shared CPU.
+    join() waits for them; their CPU then counts in this process's reaped children (cpu_snapshot's "burst")."""
+
+    def __init__(self, seconds: float):
+        loop = f"import time\nend = time.perf_counter() + {seconds}\nwhile time.perf_counter() < end: pass"
+        self.procs = [subprocess.Popen([sys.executable, "-c", loop]) for _ in range(os.cpu_count() or 1)] \
+            if seconds > 0 else []
+
+    def join(self) -> None:
+        for p in self.procs:
+            p.wait()
+
+
 def cpu_snapshot(servers: dict) -> dict:
-    """CPU seconds so far: per server, this benchmark process (its client threads), and the whole machine."""
+    """CPU seconds so far: per server, this benchmark process (its client threads), its finished children (the
+    bursts: servers are never reaped during a level), and the whole machine."""
     import psutil
 
     m = psutil.cpu_times()
@@ -144,17 +165,19 @@ def cpu_snapshot(servers: dict) -> dict:
         getattr(m, "steal", 0)
     me = psutil.Process().cpu_times()  # this process alone (its client threads); the servers are its children
     return {"servers": {n: process_tree_cpu_s(s.proc.pid) for n, s in servers.items()}, "bench": me.user + me.system,
-            "machine": busy}
+            "burst": me.children_user + me.children_system, "machine": busy}
 
 
 def cpu_during(before: dict, after: dict, measured: str) -> dict:
-    """Where the CPU went during one level of one server: the measured server itself, the other (idle) servers, and
-    everything else on the machine (foreign). A level slowed by load shows up here instead of as a mystery."""
+    """Where the CPU went during one level of one server: the measured server itself, the other (idle) servers, the
+    deliberate burst, and everything else on the machine (foreign). A level slowed by load shows up here instead of
+    as a mystery."""
     own = after["servers"].get(measured, 0.0) - before["servers"].get(measured, 0.0)
     others = sum(after["servers"][n] - before["servers"].get(n, 0.0) for n in after["servers"] if n != measured)
-    bench = after["bench"] - before["bench"]
-    foreign = (after["machine"] - before["machine"]) - own - others - bench
-    return {"own_cpu_s": round(own, 2), "other_servers_cpu_s": round(others, 2), "foreign_cpu_s": round(max(0.0, foreign), 2)}
+    bench, burst = after["bench"] - before["bench"], after["burst"] - before["burst"]
+    foreign = (after["machine"] - before["machine"]) - own - others - bench - burst
+    return {"own_cpu_s": round(own, 2), "other_servers_cpu_s": round(others, 2), "burst_cpu_s": round(burst, 2),
+            "foreign_cpu_s": round(max(0.0, foreign), 2)}
 
 
 def server_state(srv: Server) -> dict:
@@ -197,7 +220,13 @@ def write_report(out: Path, meta: dict, results: list[dict], failures: dict) -> 
     lines += ["", "All servers run at once with `--sleep-on-idle`; each level runs every configuration back to back, "
               "in an order that rotates from level to level, and starts with a flushed cache.",
               "", "Others' CPU: CPU seconds that the other (idle) servers / everything else on the machine used while "
-              "this level ran, the largest round; a slow round with a large number there was slowed by load."]
+              "this level ran, the largest round; a slow round with a large number there was slowed by load. "
+              f"A round with foreign CPU above {meta.get('max_foreign_cpu', 0.25)} of a core was run again (up to "
+              f"{meta.get('retries', 0)} times); discarded rounds: "
+              f"{sum(len(r.get('discarded_rounds', [])) for r in results)} (in the JSON)."]
+    if meta.get("burst_s"):
+        lines += ["", f"**Burst:** every level started with {meta['burst_s']:g} s of load on every core (one busy "
+                  "process per core), the same for every configuration: the ratios show how each recovers from it."]
     for name, why in failures.items():
         lines += ["", f"**{name} did not run**: {why}"]
     text = "\n".join(lines) + "\n"
@@ -265,11 +294,18 @@ def main(argv=None) -> int:
                     help="torch threads of every server (OMP_NUM_THREADS). Default 1, the setting of the committed "
                          "runs: with 2 threads on the 2-core machine the tokenizer, detokenizer and HTTP processes "
                          "compete with the OpenMP threads, and neither plain decoding nor JETFLOW got faster")
+    ap.add_argument("--burst", type=float, default=0.0,
+                    help="seconds of load on every core at the start of every level (default 0: none)")
+    ap.add_argument("--max-foreign-cpu", type=float, default=0.25,
+                    help="a round whose foreign CPU exceeds this share of one core is run again (default 0.25)")
+    ap.add_argument("--retries", type=int, default=2, help="reruns of a round slowed by foreign load (default 2)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "sglang_serving"))
     a = ap.parse_args(argv)
     if any(c < 1 for c in a.concurrency + a.prefix_concurrency) or a.requests < 1 or a.max_tokens < 1 \
             or a.threads < 1 or a.rounds < 1:
         ap.error("concurrency, requests, max-tokens, threads and rounds must be >= 1")
+    if a.burst < 0 or a.max_foreign_cpu <= 0 or a.retries < 0:
+        ap.error("--burst and --retries must be >= 0 and --max-foreign-cpu > 0")
 
     from transformers import AutoTokenizer
 
@@ -312,6 +348,7 @@ def main(argv=None) -> int:
     pooled: dict[tuple[str, str, int], tuple[list[dict], float, dict]] = {}  # (config, workload, c) -> rounds so far
     rounds_tps: dict[tuple[str, str, int], list[float]] = {}  # (config, workload, c) -> output tok/s of each round
     rounds_cpu: dict[tuple[str, str, int], list[dict]] = {}  # (config, workload, c) -> where the CPU went, per round
+    discarded: dict[tuple[str, str, int], list[dict]] = {}  # rounds run again because foreign load slowed them
     try:
         for k, (wname, prompts, c) in enumerate(level for _ in range(a.rounds) for level in levels):
             names = [n for n in a.configs if n in servers]
@@ -322,10 +359,18 @@ def main(argv=None) -> int:
                     bar.update(1)
                     continue
                 try:
-                    srv.flush_cache()  # every level starts cold
-                    cpu0 = cpu_snapshot(servers)
-                    recs, wall = run_level(srv, prompts, c, a.max_tokens)
-                    rounds_cpu.setdefault((name, wname, c), []).append(cpu_during(cpu0, cpu_snapshot(servers), name))
+                    for attempt in range(a.retries + 1):
+                        srv.flush_cache()  # every level starts cold
+                        cpu0 = cpu_snapshot(servers)
+                        burst = Burst(a.burst)
+                        recs, wall = run_level(srv, prompts, c, a.max_tokens)
+                        burst.join()
+                        cpu = cpu_during(cpu0, cpu_snapshot(servers), name)
+                        if cpu["foreign_cpu_s"] <= a.max_foreign_cpu * wall or attempt == a.retries:
+                            break
+                        discarded.setdefault((name, wname, c), []).append(
+                            {"tok_per_s": round(sum(x["tokens"] for x in recs) / wall, 3), **cpu})
+                    rounds_cpu.setdefault((name, wname, c), []).append(cpu)
                     old_recs, old_wall, _ = pooled.get((name, wname, c), ([], 0.0, {}))
                     pooled[(name, wname, c)] = (old_recs + recs, old_wall + wall, server_state(srv))
                     rounds_tps.setdefault((name, wname, c), []).append(sum(x["tokens"] for x in recs) / wall)
@@ -340,6 +385,7 @@ def main(argv=None) -> int:
     results = [{"config": name, "workload": wname, "rounds": len(recs) // per_round[wname],
                 **summarize(c, recs, wall), "round_tok_per_s": [round(x, 3) for x in rounds_tps[(name, wname, c)]],
                 "round_cpu": rounds_cpu.get((name, wname, c), []),
+                "discarded_rounds": discarded.get((name, wname, c), []),
                 "server": state}
                for (name, wname, c), (recs, wall, state) in pooled.items()]
     order = {n: i for i, n in enumerate(a.configs)}
@@ -348,6 +394,7 @@ def main(argv=None) -> int:
     meta = {"command": " ".join(["python", "scripts/bench_serving.py", *(argv if argv is not None else sys.argv[1:])]),
             "model": model, "head": head, "drafter": drafter, "dtype": dtype, "max_tokens": a.max_tokens,
             "requests_per_level": a.requests, "rounds": a.rounds, "prefix_tokens": a.prefix_tokens, "threads": a.threads,
+            "burst_s": a.burst, "max_foreign_cpu": a.max_foreign_cpu, "retries": a.retries,
             "machine": f"{cpu_model()} ({_bf16_isa()}), {platform.machine()}, {os.cpu_count()} cores",
             "sglang": _version("sglang"), "torch": _version("torch"), "date": time.strftime("%Y-%m-%d %H:%M")}
     print(write_report(out, meta, results, failures))

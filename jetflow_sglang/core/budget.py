@@ -8,7 +8,11 @@ The best budget maximises tokens per second: batch * tau(b) / (t_draft(b) + t_ve
 - t_verify(n) starts from a cost prior (measured verify forwards at a few sizes, engine.profiling's
   `measure_cost_prior`, or a given {tokens: seconds} dict) and is replaced by the measured cost per bucket of
   verified tokens as rounds come in (an exponential mean in which one slow round counts as at most SPIKE times the
-  estimate: see _smooth).
+  estimate: see _learn). Its first WARM_SAMPLES measurements keep their minimum instead (load only adds time), and
+  while the plain step has fewer than WARM_SAMPLES, it is probed again after PROBE_EVERY // 16 rounds whenever it
+  would be the best budget at BURST times less cost. One slow first plain probe (another process on a shared CPU)
+  priced plain decoding at 3x for 64 rounds and more, and kept a server at batch 4 on trees slower than plain
+  decoding (tests/test_budget.py).
   Measured costs (verify and draft) are kept per bucket of batch size: one head forward drafts the whole batch and
   the same tokens cost more spread over more requests, so what a server learnt at batch 8 must not price batch 1
   when the load falls (a batch size without measurements borrows the nearest one's).
@@ -48,7 +52,9 @@ UCB_C = 1.0  # width of the confidence bound on tau, in standard deviations at l
 NEUTRAL_PRIOR = {1: 1.0, 64: 2.0, 256: 5.0}  # relative verify cost when nothing is measured
 PROBE_EVERY = 64  # rounds after which the plain step's measured cost counts as stale and is measured again
 EMA = 0.2  # weight of a new round in a measured cost
-SPIKE = 1.25  # a round counts as at most this many times the current estimate (see _smooth)
+SPIKE = 1.25  # a round counts as at most this many times the current estimate (see _learn)
+WARM_SAMPLES = 3  # a cost's first measurements: the fastest counts, and it is measured again soon (see _learn)
+BURST = 3.0  # a probe taken during a burst of load elsewhere may have run this many times slower (see _stale)
 
 
 def _bucket(n_tokens: int) -> int:
@@ -124,6 +130,7 @@ class AdaptiveBudget:
         self.plain_at: dict[int, int] = {}  # bucket of batch -> round of the lowest rung's last measurement
         self.verify_at: dict[tuple[int, int], int] = {}  # the same keys -> round of its last measurement
         self.draft_s: dict[tuple[int, int], float] = {}  # (rung, bucket of batch) -> decayed mean seconds of a draft
+        self.samples: dict[tuple[str, object], int] = {}  # (table, key) -> measurements taken ("plain_at": probes)
         self.t = 0  # rounds observed
         self.tree_at = 0  # the last round that verified a tree of 2 or more nodes
         self.current: int | None = None
@@ -238,7 +245,7 @@ class AdaptiveBudget:
         if self.rate(cur, batch) >= (1 - self.hysteresis) * self.rate(best, batch) and (cur == low or best != low):
             best = cur  # hysteresis: stay unless another budget is clearly better; plain decoding wins every tie
         self.current = best
-        if best != low and self._plain_stale(batch) and self._can_afford(low, best, batch):
+        if best != low and self._plain_stale(batch, best) and self._can_afford(low, best, batch):
             return self._explore(low, best, batch)  # measure the plain step instead of trusting its extrapolated cost
         below = self._prev_rung(best)  # its tau is known (paired gains), its cost only from the prior
         if below is not None and below >= 2 and self._tree_stale(below, batch) and self._can_afford(below, best, batch):
@@ -267,12 +274,20 @@ class AdaptiveBudget:
         allowance = EXPLORE_FRAC * self.elapsed + self.round_cost(best, batch)
         return self.regret + max(0.0, worst) <= allowance
 
-    def _stale(self, seen: int | None, unseen: bool) -> bool:
-        """A measurement taken at round `seen` is older than PROBE_EVERY rounds; `unseen` when there is none."""
-        return unseen if seen is None else self.t - seen >= PROBE_EVERY
+    def _stale(self, seen: int | None, unseen: bool, horizon: int = PROBE_EVERY) -> bool:
+        """A measurement taken at round `seen` is older than `horizon` rounds; `unseen` when there is none."""
+        return unseen if seen is None else self.t - seen >= horizon
 
-    def _plain_stale(self, batch: int) -> bool:  # a measured prior stands in for the first PROBE_EVERY rounds
-        return self._stale(self.plain_at.get(_bucket(batch)), not self.prior_measured or self.t >= PROBE_EVERY)
+    def _plain_stale(self, batch: int, best: int) -> bool:
+        """A measured prior stands in for the first PROBE_EVERY rounds. While fewer than WARM_SAMPLES plain rounds
+        were measured, one may have hit a burst of load: they are repeated after PROBE_EVERY // 16 rounds if plain
+        decoding would beat the best tree at BURST times less cost (a tree kept on a wrong plain cost can lose to plain
+        decoding; a wrong tree cost only picks a tree that is slower than another)."""
+        key, low = _bucket(batch), self.ladder[0]
+        doubtful = (self.samples.get(("plain_at", key), 0) < WARM_SAMPLES
+                    and batch * BURST / self.round_cost(low, batch) > self.rate(best, batch))
+        return self._stale(self.plain_at.get(key), not self.prior_measured or self.t >= PROBE_EVERY,
+                           PROBE_EVERY // 16 if doubtful else PROBE_EVERY)
 
     def _tree_stale(self, b: int, batch: int) -> bool:
         return self._stale(self.verify_at.get((_bucket(batch), _bucket(batch * b))), True)
@@ -334,25 +349,33 @@ class AdaptiveBudget:
             prev = now
         if budget >= 2:
             self.tree_at = self.t
+        bb = _bucket(batch)
         if budget <= self.ladder[0]:
-            self.plain_at[_bucket(batch)] = self.t
+            self.plain_at[bb] = self.t
+            self.samples[("plain_at", bb)] = self.samples.get(("plain_at", bb), 0) + 1
         if verify_s > 0:
-            table, key = ((self.plain_s, _bucket(batch)) if budget == 0 else
-                          (self.verify_s, (_bucket(batch), _bucket(batch * budget))))
-            _smooth(table, key, verify_s)
+            name, key = ("plain_s", bb) if budget == 0 else ("verify_s", (bb, _bucket(batch * budget)))
+            self._learn(name, key, verify_s)
             if budget >= 1:
                 self.verify_at[key] = self.t
         if budget >= 1 and draft_s >= 0:
-            _smooth(self.draft_s, (self._rung(budget), _bucket(batch)), draft_s)
+            self._learn("draft_s", (self._rung(budget), _bucket(batch)), draft_s)
 
-
-def _smooth(table: dict, key: int, seconds: float) -> None:
-    """An exponential mean of measured seconds that a burst of load elsewhere cannot throw: a round counts as at most
-    SPIKE times the current estimate. One slow round (another process on a shared CPU, a GC pause) then moves the
-    estimate by at most 5%, where it could make the best budget look 40% dearer and be abandoned, its inflated cost
-    never measured again while another budget runs. A real rise is still learnt, 5% a round; falls count in full."""
-    old = table.get(key)
-    table[key] = seconds if old is None else (1 - EMA) * old + EMA * min(seconds, SPIKE * old)
+    def _learn(self, name: str, key, seconds: float) -> None:
+        """Book one measured cost in table `name` (plain_s, verify_s or draft_s). Load elsewhere only adds time, so
+        - the first WARM_SAMPLES measurements of a key keep their minimum: a burst during a first probe does not
+          stand for the cost until the next probe (one 3x plain probe kept trees that ran at 0.6x plain decoding);
+        - after them, an exponential mean in which a round counts as at most SPIKE times the current estimate. One
+          slow round (another process on a shared CPU, a GC pause) then moves the estimate by at most 5%, where it
+          could make the best budget look 40% dearer and be abandoned, its inflated cost never measured again while
+          another budget runs. A real rise is still learnt, 5% a round; a fall moves it by EMA of the difference."""
+        table, n = getattr(self, name), self.samples.get((name, key), 0)
+        self.samples[(name, key)] = n + 1
+        old = table.get(key)
+        if old is None or n < WARM_SAMPLES:
+            table[key] = seconds if old is None else min(old, seconds)
+        else:
+            table[key] = (1 - EMA) * old + EMA * min(seconds, SPIKE * old)
 
 
 def _ids(path) -> list[int]:
