@@ -54,7 +54,7 @@ PROBE_EVERY = 64  # rounds after which the plain step's measured cost counts as 
 EMA = 0.2  # weight of a new round in a measured cost
 SPIKE = 1.25  # a round counts as at most this many times the current estimate (see _learn)
 WARM_SAMPLES = 3  # a cost's first measurements: the fastest counts, and it is measured again soon (see _learn)
-BURST = 3.0  # a probe taken during a burst of load elsewhere may have run this many times slower (see _stale)
+BURST = 3.0  # a probe taken during a burst of load elsewhere may have run this many times slower (see _plain_stale)
 
 
 def _bucket(n_tokens: int) -> int:
@@ -130,7 +130,7 @@ class AdaptiveBudget:
         self.plain_at: dict[int, int] = {}  # bucket of batch -> round of the lowest rung's last measurement
         self.verify_at: dict[tuple[int, int], int] = {}  # the same keys -> round of its last measurement
         self.draft_s: dict[tuple[int, int], float] = {}  # (rung, bucket of batch) -> decayed mean seconds of a draft
-        self.samples: dict[tuple[str, object], int] = {}  # (table, key) -> measurements taken ("plain_at": probes)
+        self.samples: dict[tuple[str, object], int] = {}  # (table name, key) -> measurements taken
         self.t = 0  # rounds observed
         self.tree_at = 0  # the last round that verified a tree of 2 or more nodes
         self.current: int | None = None
@@ -284,10 +284,12 @@ class AdaptiveBudget:
         decoding would beat the best tree at BURST times less cost (a tree kept on a wrong plain cost can lose to plain
         decoding; a wrong tree cost only picks a tree that is slower than another)."""
         key, low = _bucket(batch), self.ladder[0]
-        doubtful = (self.samples.get(("plain_at", key), 0) < WARM_SAMPLES
-                    and batch * BURST / self.round_cost(low, batch) > self.rate(best, batch))
-        return self._stale(self.plain_at.get(key), not self.prior_measured or self.t >= PROBE_EVERY,
-                           PROBE_EVERY // 16 if doubtful else PROBE_EVERY)
+        seen = self.plain_at.get(key)
+        if seen is None:
+            return not self.prior_measured or self.t >= PROBE_EVERY
+        measured = self.samples.get(("plain_s", key) if low == 0 else ("verify_s", (key, key)), 0)  # see observe
+        doubtful = measured < WARM_SAMPLES and batch * BURST / self.round_cost(low, batch) > self.rate(best, batch)
+        return self._stale(seen, False, PROBE_EVERY // 16 if doubtful else PROBE_EVERY)
 
     def _tree_stale(self, b: int, batch: int) -> bool:
         return self._stale(self.verify_at.get((_bucket(batch), _bucket(batch * b))), True)
@@ -352,7 +354,6 @@ class AdaptiveBudget:
         bb = _bucket(batch)
         if budget <= self.ladder[0]:
             self.plain_at[bb] = self.t
-            self.samples[("plain_at", bb)] = self.samples.get(("plain_at", bb), 0) + 1
         if verify_s > 0:
             name, key = ("plain_s", bb) if budget == 0 else ("verify_s", (bb, _bucket(batch * budget)))
             self._learn(name, key, verify_s)

@@ -2,6 +2,8 @@
 foreign load is what no server, no client and no burst used (what --max-foreign-cpu reruns a round for)."""
 import importlib.util
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -33,9 +35,6 @@ def test_a_burst_is_booked_apart_from_foreign_load():
 def test_foreign_load_is_seen():
     """A busy process this benchmark did not start (here: started by the test, not through Burst) is foreign."""
     bench = _bench()
-    import subprocess
-    import sys
-
     before = bench.cpu_snapshot({})
     hog = subprocess.Popen([sys.executable, "-c", "import time\nend = time.perf_counter() + 1.5\n"
                             "while time.perf_counter() < end: pass"])
