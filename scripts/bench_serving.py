@@ -180,6 +180,48 @@ def cpu_during(before: dict, after: dict, measured: str) -> dict:
             "foreign_cpu_s": round(max(0.0, foreign), 2)}
 
 
+def busy_processes(seconds: float = 2.0, min_cores: float = 0.25) -> list[dict]:
+    """Processes other than this benchmark and its children that used more than `min_cores` of a core over `seconds`,
+    busiest first: what would slow the levels (an idle SGLang server started without --sleep-on-idle busy-polls a
+    whole core)."""
+    import psutil
+
+    mine = {psutil.Process().pid, *(c.pid for c in psutil.Process().children(recursive=True))}
+    procs = [p for p in psutil.process_iter(["pid", "cmdline", "name"]) if p.pid not in mine]
+    before = {}
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            before[p.pid] = (p, t.user + t.system)
+        except psutil.Error:
+            pass
+    time.sleep(seconds)
+    busy = []
+    for pid, (p, cpu0) in before.items():
+        try:
+            t = p.cpu_times()
+            cores = (t.user + t.system - cpu0) / seconds
+        except psutil.Error:
+            continue
+        if cores > min_cores:
+            cmd = " ".join(p.info.get("cmdline") or [p.info.get("name") or "?"])
+            busy.append({"pid": pid, "cores": round(cores, 2), "command": cmd.strip()[:120]})
+    return sorted(busy, key=lambda b: -b["cores"])
+
+
+def loaded_rounds(results: list[dict], max_foreign_cpu: float) -> list[str]:
+    """The kept rounds that foreign load still slowed (its retries used up, or --retries 0): each as
+    'config workload c=N round K: X cores busy elsewhere'."""
+    out = []
+    for r in results:
+        for k, cpu in enumerate(r.get("round_cpu") or [], 1):
+            wall = cpu.get("wall_s") or 0
+            if wall > 0 and cpu["foreign_cpu_s"] > max_foreign_cpu * wall:
+                out.append(f"{r['config']} {r['workload']} c={r['concurrency']} round {k}: "
+                           f"{cpu['foreign_cpu_s'] / wall:.1f} cores busy elsewhere")
+    return out
+
+
 def server_state(srv: Server) -> dict:
     try:
         info = requests.get(srv.url + "/server_info", timeout=30).json()
@@ -227,6 +269,12 @@ def write_report(out: Path, meta: dict, results: list[dict], failures: dict) -> 
     if meta.get("burst_s"):
         lines += ["", f"**Burst:** every level started with {meta['burst_s']:g} s of load on every core (one busy "
                   "process per core), the same for every configuration: the ratios show how each recovers from it."]
+    for b in meta.get("busy_at_start") or []:
+        lines += ["", f"**Busy before the run:** pid {b['pid']} used {b['cores']} cores: `{b['command']}`"]
+    loaded = loaded_rounds(results, meta.get("max_foreign_cpu", 0.25))
+    if loaded:
+        lines += ["", "**Rounds kept under foreign load** (their reruns used up): " + "; ".join(loaded) +
+                  ". Their ratios measure that load, not the server."]
     for name, why in failures.items():
         lines += ["", f"**{name} did not run**: {why}"]
     text = "\n".join(lines) + "\n"
@@ -328,10 +376,15 @@ def main(argv=None) -> int:
                                                       if a.prefix_concurrency else [])
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    busy = busy_processes(min_cores=a.max_foreign_cpu)  # before any server: a neighbour's load would skew every level
+    for b in busy:
+        print(f"warning: pid {b['pid']} is using {b['cores']} cores ({b['command']}); the rounds it slows are run "
+              f"again (--retries) or flagged in the report. An idle SGLang server started without --sleep-on-idle "
+              f"busy-polls a whole core.", file=sys.stderr)
     logs = Path(tempfile.mkdtemp(prefix="jetflow-bench-"))  # server logs stay out of the results folder
     failures = {}
     levels = [(wname, prompts, c) for wname, prompts, levels_c in workloads for c in levels_c]
-    common = ["--dtype", dtype, "--max-total-tokens", str(a.max_total_tokens), "--sleep-on-idle",
+    common = ["--dtype", dtype, "--max-total-tokens", str(a.max_total_tokens),
               "--max-running-requests", str(max(a.concurrency + a.prefix_concurrency))]
     servers = {}  # every configuration's server runs at once (asleep when idle), so each level runs them back to back
     for name in tqdm(a.configs, desc="servers", unit="server"):
@@ -365,7 +418,7 @@ def main(argv=None) -> int:
                         burst = Burst(a.burst)
                         recs, wall = run_level(srv, prompts, c, a.max_tokens)
                         burst.join()
-                        cpu = cpu_during(cpu0, cpu_snapshot(servers), name)
+                        cpu = {**cpu_during(cpu0, cpu_snapshot(servers), name), "wall_s": round(wall, 2)}
                         if cpu["foreign_cpu_s"] <= a.max_foreign_cpu * wall or attempt == a.retries:
                             break
                         discarded.setdefault((name, wname, c), []).append(
@@ -394,7 +447,7 @@ def main(argv=None) -> int:
     meta = {"command": " ".join(["python", "scripts/bench_serving.py", *(argv if argv is not None else sys.argv[1:])]),
             "model": model, "head": head, "drafter": drafter, "dtype": dtype, "max_tokens": a.max_tokens,
             "requests_per_level": a.requests, "rounds": a.rounds, "prefix_tokens": a.prefix_tokens, "threads": a.threads,
-            "burst_s": a.burst, "max_foreign_cpu": a.max_foreign_cpu, "retries": a.retries,
+            "burst_s": a.burst, "max_foreign_cpu": a.max_foreign_cpu, "retries": a.retries, "busy_at_start": busy,
             "machine": f"{cpu_model()} ({_bf16_isa()}), {platform.machine()}, {os.cpu_count()} cores",
             "sglang": _version("sglang"), "torch": _version("torch"), "date": time.strftime("%Y-%m-%d %H:%M")}
     print(write_report(out, meta, results, failures))

@@ -13,6 +13,9 @@ from pathlib import Path
 import requests
 
 MEMORY_FLAGS = ["--max-total-tokens", "4096", "--max-running-requests", "4"]
+# An idle server without --sleep-on-idle busy-polls a whole core: with a module's two servers up on 2 cores, the idle
+# one halved the other's CPU, and 6 such servers made a benchmark level 0.21x (bench/results/RESULTS.md).
+IDLE_FLAGS = ["--sleep-on-idle"]
 
 
 def _ephemeral_low() -> int:
@@ -49,7 +52,7 @@ class Server:
 
     def _command(self) -> list[str]:
         return [sys.executable, "-m", "sglang.launch_server", "--model-path", self._model, "--device", "cpu",
-                "--host", "127.0.0.1", "--port", str(self.port), *MEMORY_FLAGS, *self._args]
+                "--host", "127.0.0.1", "--port", str(self.port), *MEMORY_FLAGS, *IDLE_FLAGS, *self._args]
 
     def _start(self) -> None:
         self.port = free_port()

@@ -47,3 +47,46 @@ def test_foreign_load_is_seen():
 
 def test_no_burst_starts_nothing():
     assert _bench().Burst(0).procs == []
+
+
+def test_a_busy_neighbour_is_named_before_the_run():
+    """The pre-flight check names a process that keeps a core busy (as an idle SGLang server without --sleep-on-idle
+    does), and not an idle one."""
+    bench = _bench()
+
+    def detached(code: str) -> int:  # not this process's child: the benchmark's own children are never foreign
+        sh = subprocess.run(["sh", "-c", f'{sys.executable} -c "{code}" >/dev/null 2>&1 & echo $!'],
+                            capture_output=True, text=True, check=True)
+        return int(sh.stdout)
+
+    busy, idle = detached("while True: pass"), detached("import time; time.sleep(60)")
+    try:
+        time.sleep(0.5)  # past the interpreter's start-up
+        found = {b["pid"]: b for b in bench.busy_processes(seconds=1.5)}
+    finally:
+        for pid in (busy, idle):
+            os.kill(pid, 9)
+    assert busy in found and found[busy]["cores"] >= 0.5, found
+    assert idle not in found, found
+
+
+def test_a_kept_loaded_round_is_flagged_in_the_report(tmp_path):
+    """A round still slowed after its reruns (4 cores' worth of foreign CPU over 10 s) is named in the report; a clean
+    round (0.1 s) is not."""
+    bench = _bench()
+    clean = {"own_cpu_s": 9.0, "other_servers_cpu_s": 0.1, "burst_cpu_s": 0.0, "foreign_cpu_s": 0.1, "wall_s": 10.0}
+    loaded = {**clean, "foreign_cpu_s": 40.0}
+    row = {"workload": "mixed", "concurrency": 4, "output_tok_per_s": 10.0, "round_tok_per_s": [10.0, 40.0],
+           "ttft_mean_s": 0.1, "itl_mean_ms": 10.0, "e2e_mean_s": 1.0, "e2e_p50_s": 1.0, "e2e_max_s": 1.0,
+           "accept_length": None, "cached_tokens_mean": 0}
+    results = [{**row, "config": "nospec", "round_cpu": [clean, clean]},
+               {**row, "config": "jetflow-auto", "round_cpu": [clean, loaded]}]
+    assert bench.loaded_rounds(results, 0.25) == ["jetflow-auto mixed c=4 round 2: 4.0 cores busy elsewhere"]
+    meta = {"date": "d", "command": "c", "model": "m", "head": "h", "drafter": "jetflow", "dtype": "bfloat16",
+            "requests_per_level": 8, "max_tokens": 64, "prefix_tokens": 400, "machine": "x", "sglang": "s",
+            "torch": "t", "max_foreign_cpu": 0.25, "retries": 2,
+            "busy_at_start": [{"pid": 7, "cores": 1.01, "command": "sglang::scheduler"}]}
+    text = bench.write_report(tmp_path / "r", meta, results, {})
+    assert "**Rounds kept under foreign load**" in text and "jetflow-auto mixed c=4 round 2" in text
+    assert "nospec mixed" not in text.split("**Rounds kept under foreign load**")[1]
+    assert "pid 7 used 1.01 cores: `sglang::scheduler`" in text

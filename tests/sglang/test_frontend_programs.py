@@ -214,8 +214,8 @@ def servers(tmp_path_factory):
     if not (Path(head) / "model.safetensors").is_file():
         pytest.skip(f"no shipped head in {head}")
     logs = tmp_path_factory.mktemp("sgl_frontend")
-    spec = jetflow_server(target, head, logs / "jetflow.log", BUDGET, "--sleep-on-idle")
-    plain = Server(target, ["--dtype", "float32", "--sleep-on-idle"], logs / "plain.log")
+    spec = jetflow_server(target, head, logs / "jetflow.log", BUDGET)
+    plain = Server(target, ["--dtype", "float32"], logs / "plain.log")
     yield from running(spec, plain)
 
 

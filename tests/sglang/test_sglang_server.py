@@ -157,6 +157,22 @@ def _rss_mib(srv) -> float:
     return sum(p.memory_info().rss for p in procs if p.is_running()) / 2**20
 
 
+def test_an_idle_server_sleeps(servers):
+    """With --sleep-on-idle (sgl_server adds it) a JETFLOW server that has served a request uses next to no CPU while
+    idle, as the plain one does; a scheduler that spun would take a whole core from every neighbour on the machine."""
+    import time
+
+    from tests.sglang.sgl_server import process_tree_cpu_s
+
+    for srv in servers:
+        srv.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 8, "temperature": 0})
+    time.sleep(2)  # past the tail of the request (detokenizer, HTTP)
+    before, t0 = [process_tree_cpu_s(s.proc.pid) for s in servers], time.perf_counter()
+    time.sleep(4)
+    cores = [(process_tree_cpu_s(s.proc.pid) - b) / (time.perf_counter() - t0) for s, b in zip(servers, before)]
+    assert max(cores) < 0.25, f"idle CPU (cores): JETFLOW {cores[0]:.2f}, plain {cores[1]:.2f}"
+
+
 def test_memory_returns_to_baseline_over_50_requests(servers, tok):
     spec, _ = servers
     assert spec.flush_cache()

@@ -70,9 +70,9 @@ from tests.sglang.kits_fixture import CpuServerBase, KitServer  # noqa: E402
 
 pytestmark = pytest.mark.slow
 CpuServerBase.__test__ = False
-# A KV pool for the kits' longest requests (radix attention: prompts of up to ~4.5k tokens), and --sleep-on-idle so
-# that the idle plain reference costs nothing while the JETFLOW servers run.
-KV_FLAGS = ["--max-total-tokens", "16384", "--max-running-requests", "4", "--sleep-on-idle"]
+# A KV pool for the kits' longest requests (radix attention: prompts of up to ~4.5k tokens); sgl_server.Server adds
+# --sleep-on-idle, so that the idle plain reference costs nothing while the JETFLOW servers run.
+KV_FLAGS = ["--max-total-tokens", "16384", "--max-running-requests", "4"]
 PREFETCH_MIN_AVAILABLE = 8 << 30  # bytes; below that, each class starts its server when it begins
 CONSTRAINED_CAP = 256  # max_tokens of the constrained-decoding control (the kit's request has none)
 SAMPLING_MASK_REFUSAL = "return_sampling_mask is not supported with speculative decoding."
