@@ -1,10 +1,11 @@
 """`--attention-backend jetflow_tree_triton` end to end on the CPU, under Triton's interpreter: real SGLang servers on
 a tiny random Llama and a tiny random Qwen3 (each with a head made for it here), float32 greedy, verified by the
 project's Triton kernel over SGLang's own KV pool. Token-identical to the plain server at budgets 1, 4 and 16 (page
-sizes 1 and 16), for a batch of 3 requests of different lengths and for a radix-cache hit; and the launch refuses the
-backend on a CPU without TRITON_INTERPRET=1, in one line."""
+sizes 1 and 16), for a batch of 3 requests of different lengths and for a radix-cache hit; a sampled request beside a
+greedy one in one batch; and the launch refuses the backend on a CPU without TRITON_INTERPRET=1, in one line."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -84,6 +85,26 @@ def test_triton_backend_radix_hit_is_token_identical(family):
                                                                "ignore_eos": True})
         assert out["meta_info"]["cached_tokens"] > 0, (name, budget, page, out["meta_info"])
         assert out["output_ids"] == want, (name, budget, page)
+
+
+def test_triton_backend_serves_a_mixed_greedy_and_sampled_batch(family):
+    """One greedy and one sampled request (the OpenAI routes' default temperature 1.0) in one batch, on one-node,
+    small and full trees: the greedy one stays token-identical to the plain server, the sampled one gets all its
+    tokens from the vocabulary, and the server keeps serving."""
+    import requests
+
+    name, target, plain, spec = family
+    ids = _ids(target)[:2]
+    greedy = {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}
+    sampled = {"max_new_tokens": NEW, "temperature": 1.0, "top_p": 0.9, "ignore_eos": True}
+    want = plain.generate(input_ids=ids[0], sampling_params=greedy)["output_ids"]
+    vocab = json.loads((target / "config.json").read_text())["vocab_size"]
+    for srv, (budget, page) in zip(spec, SERVERS[name]):
+        got = srv.generate(input_ids=ids, sampling_params=[greedy, sampled])
+        assert got[0]["output_ids"] == want, (name, budget, page)
+        assert len(got[1]["output_ids"]) == NEW and all(0 <= t < vocab for t in got[1]["output_ids"]), \
+            (name, budget, page, got[1]["output_ids"])
+        assert requests.get(srv.url + "/health", timeout=30).status_code == 200, (name, budget, page)
 
 
 def test_triton_backend_on_cpu_needs_the_interpreter(tmp_path):
