@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import os
+import time
 
 import pytest
 import requests
 import torch
 
 from tests.sglang.sgl_fixtures import build_tiny_head, build_tiny_qwen3, hf_greedy  # noqa: E402
-from tests.sglang.sgl_server import Server, running  # noqa: E402
+from tests.sglang.sgl_server import Server, process_tree_cpu_s, running  # noqa: E402
 
 torch.set_num_threads(1)
 if os.environ.get("JETFLOW_SKIP_SGLANG") != "1":  # the lite install: bash scripts/install_sglang_cpu.sh .venv
@@ -160,10 +161,6 @@ def _rss_mib(srv) -> float:
 def test_an_idle_server_sleeps(servers):
     """With --sleep-on-idle (sgl_server adds it) a JETFLOW server that has served a request uses next to no CPU while
     idle, as the plain one does; a scheduler that spun would take a whole core from every neighbour on the machine."""
-    import time
-
-    from tests.sglang.sgl_server import process_tree_cpu_s
-
     for srv in servers:
         srv.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 8, "temperature": 0})
     time.sleep(2)  # past the tail of the request (detokenizer, HTTP)

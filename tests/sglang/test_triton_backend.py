@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+import requests
 import torch
 
 from tests.sglang.sgl_fixtures import _build_tiny, build_tiny_head
@@ -91,8 +92,6 @@ def test_triton_backend_serves_a_mixed_greedy_and_sampled_batch(family):
     """One greedy and one sampled request (the OpenAI routes' default temperature 1.0) in one batch, on one-node,
     small and full trees: the greedy one stays token-identical to the plain server, the sampled one gets all its
     tokens from the vocabulary, and the server keeps serving."""
-    import requests
-
     name, target, plain, spec = family
     ids = _ids(target)[:2]
     greedy = {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}
