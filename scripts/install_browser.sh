@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs what the explorer (viz/) and its browser test need, idempotently:
+# Installs what the explorer (jetflow_sglang/viz/) and its browser test need, idempotently:
 #   Debian's chromium (apt) and pinned gradio/plotly/networkx/playwright into a venv.
 # Playwright drives that system chromium through executable_path; we never run `playwright install`,
 # which would download its own browser build (and fails offline).

@@ -91,7 +91,8 @@ def start_app(tmp: Path, target: Path | None, head: Path | None, results: Path |
     log = open(tmp / f"{name}.log", "w")
     env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", OMP_NUM_THREADS="1")
     args = [a for flag, v in (("--target", target), ("--head", head), ("--results", results)) if v for a in (flag, str(v))]
-    proc = subprocess.Popen([sys.executable, "-m", "viz", *args, "--dtype", dtype, "--port", str(port), "--threads", "1"],
+    proc = subprocess.Popen([sys.executable, "-m", "jetflow_sglang.viz", *args, "--dtype", dtype, "--port", str(port),
+                             "--threads", "1"],
                             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=Path(__file__).resolve().parent.parent)
     url = f"http://127.0.0.1:{port}/"
     deadline = time.time() + 300  # the default model may be converted from its GGUF first

@@ -4,7 +4,7 @@ import math
 import pytest
 
 from jetflow_sglang.core.tree import DraftTree
-from viz import diagnostics as D
+from jetflow_sglang.viz import diagnostics as D
 
 
 def tree_of(edges) -> DraftTree:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from jetflow_sglang.core.tree import DraftTree, best_first, per_depth
-from viz import figures as F
+from jetflow_sglang.viz import figures as F
 
 
 def random_tree(rng: random.Random, n: int) -> DraftTree:
@@ -118,7 +118,7 @@ def test_sweep_figure_is_tolerant_of_partial_rows():
 
 
 def test_session_splits_text_by_round_and_computes_tau():
-    from viz.session import Session
+    from jetflow_sglang.viz.session import Session
 
     vocab = {1: "a", 2: "b", 3: "c", 4: " d", 5: "<&>"}
     decode = lambda ids: "".join(vocab[i] for i in ids)
@@ -138,7 +138,7 @@ def test_session_splits_text_by_round_and_computes_tau():
 
 
 def test_load_results_accepts_common_layouts(tmp_path):
-    from viz.sweep import list_results, load_results
+    from jetflow_sglang.viz.sweep import list_results, load_results
 
     rows = [dict(dataset="d", drafter="jetflow", budget=16, tau=2.0, speedup=1.5)]
     (tmp_path / "a.json").write_text(__import__("json").dumps(rows))

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from jetflow_sglang.core.tree import DraftTree, best_first, per_depth
-from viz import figures as F
-from viz import results as R
-from viz.compare import aligned_round
-from viz.export import load_run, run_from_dict, run_to_dict, save_run
-from viz.session import Session
-from viz.target_view import RecordingTarget, round_view
+from jetflow_sglang.viz import figures as F
+from jetflow_sglang.viz import results as R
+from jetflow_sglang.viz.compare import aligned_round
+from jetflow_sglang.viz.export import load_run, run_from_dict, run_to_dict, save_run
+from jetflow_sglang.viz.session import Session
+from jetflow_sglang.viz.target_view import RecordingTarget, round_view
 
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
 
@@ -197,7 +197,7 @@ def test_aligned_round_covers_the_same_text_position():
 
 
 def test_check_inputs_refuses_out_of_range_values_instead_of_clamping():
-    from viz.models import InputError, check_inputs
+    from jetflow_sglang.viz.models import InputError, check_inputs
 
     class M:
         unavailable = {}

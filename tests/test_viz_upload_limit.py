@@ -1,6 +1,7 @@
-"""The explorer refuses uploads over viz.app.MAX_UPLOAD_BYTES: the real app (`python -m viz`, as `jetflow-explorer`
-starts it) on 127.0.0.1 answers 413 to a file one byte over the limit and keeps nothing of it in its upload folder;
-a file of exactly the limit, and a small exported run, are accepted."""
+"""The explorer refuses uploads over jetflow_sglang.viz.app.MAX_UPLOAD_BYTES: the real app
+(`python -m jetflow_sglang.viz`, as `jetflow-explorer` starts it) on 127.0.0.1 answers 413 to a file one byte over the
+limit and keeps nothing of it in its upload folder; a file of exactly the limit, and a small exported run, are
+accepted."""
 from __future__ import annotations
 
 import os
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from viz.app import MAX_UPLOAD_BYTES
+from jetflow_sglang.viz.app import MAX_UPLOAD_BYTES
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow  # a real explorer process (about 30 s to start on a busy 2-core machine)
@@ -42,8 +43,8 @@ def app(tmp_path_factory):
     port = _free_port()
     env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", OMP_NUM_THREADS="1", GRADIO_TEMP_DIR=str(uploads))
     log = open(tmp / "app.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "viz", "--target", str(target), "--head", str(head), "--results",
-                             str(results), "--dtype", "float32", "--port", str(port), "--threads", "1"],
+    proc = subprocess.Popen([sys.executable, "-m", "jetflow_sglang.viz", "--target", str(target), "--head", str(head),
+                             "--results", str(results), "--dtype", "float32", "--port", str(port), "--threads", "1"],
                             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     url = f"http://127.0.0.1:{port}/"
     deadline = time.time() + 300
@@ -88,7 +89,7 @@ def test_an_upload_over_the_limit_is_refused_and_nothing_stays(app):
 
 
 def test_uploads_up_to_the_limit_are_accepted(app):
-    from viz.export import FORMAT
+    from jetflow_sglang.viz.export import FORMAT
 
     url, uploads = app
     run = ('{"format": "%s", "prompt": "hi", "settings": {"drafter": "jetflow", "budget": 4}, "rounds": []}'
@@ -103,6 +104,6 @@ def test_uploads_up_to_the_limit_are_accepted(app):
         assert Path(path).is_relative_to(uploads) and Path(path).stat().st_size == len(data)
         if name == "run.json":
             assert Path(path).read_bytes() == run
-            from viz.export import load_run
+            from jetflow_sglang.viz.export import load_run
 
             assert load_run(path).prompt == "hi"

@@ -1,4 +1,4 @@
-"""Plotly figures of the acceptance diagnostics (viz/diagnostics.py), for one drafter or several overlaid."""
+"""Plotly figures of the acceptance diagnostics (diagnostics.py), for one drafter or several overlaid."""
 from __future__ import annotations
 
 from typing import Sequence

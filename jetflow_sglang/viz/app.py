@@ -2,7 +2,7 @@
 branch it accepted, compare two drafters, sweep the budget, read the benchmark results.
 
     jetflow-explorer                      # default SmolLM2-135M-Instruct target + the shipped head, on 127.0.0.1:7860
-    python -m viz --target DIR --head DIR --port 7861
+    python -m jetflow_sglang.viz --target DIR --head DIR --port 7861
 
 Runs offline. If the head is missing or does not fit the target, the head drafters are disabled and the page says
 why; the n-gram and autoregressive drafters still work.
@@ -36,7 +36,7 @@ EXAMPLES = {
 # Live updates while a run streams. Each one re-draws Plotly figures in the browser; at 4 per second a loaded
 # machine's page fell behind (a click on Stop took 2-3 s to land), at 2 per second it kept up.
 UPDATE_EVERY_S = 0.5
-RESULTS_DIR = Path(__file__).resolve().parent.parent / "bench" / "results"
+RESULTS_DIR = Path(__file__).resolve().parents[2] / "bench" / "results"  # a checkout's; absent in a wheel install
 TREE_HEIGHT = 540  # px: the tree panel has its own scroll, so the scrubber above it stays in view
 # Uploads over this size are refused by the server (HTTP 413) while they stream in; the partial file is deleted from
 # Gradio's upload folder. The one upload is "Load run", an exported run (export.py): the largest the explorer can write
