@@ -1,4 +1,4 @@
-"""`jetflow generate` and `jetflow paths`.
+"""`jetflow generate`, `jetflow paths` and `jetflow export-head`.
 
 Bad input is one line on stderr and exit code 2. Everything that can be checked without a model (argument values,
 the prompt's encoding, the device name, the head's config against the target's config) is checked before any
@@ -175,6 +175,14 @@ def cmd_paths(a) -> int:
     return 0
 
 
+def cmd_export_head(a) -> int:
+    from jetflow_sglang.head.export import export_head
+
+    out = export_head(a.head_dir, a.out_dir, a.format, a.target)
+    print(f"[jetflow] {a.format} head -> {out}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="jetflow", description="JetFlow speculative decoding")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -216,6 +224,14 @@ def parser() -> argparse.ArgumentParser:
     g.set_defaults(fn=cmd_generate)
     pa = sub.add_parser("paths", help="print (and prepare) the default target and head folders")
     pa.set_defaults(fn=cmd_paths)
+    ex = sub.add_parser("export-head", help="write a head in a release layout (jetspec: causal, dflash: bidirectional)")
+    ex.add_argument("head_dir", metavar="HEAD_DIR", help="the head folder (this project's format or a release)")
+    ex.add_argument("out_dir", metavar="OUT_DIR", help="folder to write config.json and model.safetensors into")
+    ex.add_argument("--format", required=True, choices=["jetspec", "dflash"],
+                    help="jetspec: causal head (dflash_config.causal_head true); dflash: bidirectional head")
+    ex.add_argument("--target", help="the target's HF model folder: checks the head against it and supplies the "
+                                     "model_type / layer count the head's config lacks")
+    ex.set_defaults(fn=cmd_export_head)
     return p
 
 

@@ -147,6 +147,9 @@ pipeline)  # internal: the timed plan, started by `plan` in its own process sess
   new=$(cat "$pd"/new.*.jsonl 2>/dev/null | $PY -c "import json,sys; print(sum(len(r['ids'])-r['prompt_len'] for r in map(json.loads, sys.stdin)))")
   log "regenerated $new new continuation tokens in $(( $(date +%s) - t0 )) s"
   log "train both heads until $(date -d @$((end - 25)) +%T)"
+  # Offline teacher (the default), features in memory (--no-feature-files): the default model is small, ~7 KB per
+  # token, so this plan's few million tokens fit the GPU and each record's target forward serves every epoch.
+  # --teacher online (docs/TRAINING.md, "Online teacher") is for targets whose cache would not fit, e.g. 8B.
   $PY scripts/train_head.py --target "$TARGET" --data ${base:+"$base"} "$pd"/new.*.jsonl --run-dir "$pd/run" \
     --until $((end - 25)) --ckpt-minutes $CKPT_MIN --export-every-ckpt --no-feature-files --device $DEVICE \
     --seqs $SEQS --blocks $BLOCKS --lr "$LR" --gamma "$GAMMA" --layers "$LAYERS" --vocab "$VOCAB" --branch-prob "$BRANCH" \

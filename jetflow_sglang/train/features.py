@@ -24,15 +24,10 @@ def _final_norm(model):
 
 
 @torch.no_grad()
-def teacher_forward(model, seqs: list[list[int]], tap_layers: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Right-padded batch forward -> per sequence (taps [T, n*H], final [T, H]) in bf16 on the CPU."""
+def target_features(model, ids: torch.Tensor, att: torch.Tensor, tap_layers: list[int]):
+    """One no-grad target forward over right-padded `ids` [B, T] (mask `att`) -> (taps [B, T, n*H], final [B, T, H])
+    on the model's device, in the model's dtype. Shared by the feature cache and the online teacher (online.py)."""
     dev = next(model.parameters()).device
-    T = max(len(s) for s in seqs)
-    ids = torch.zeros(len(seqs), T, dtype=torch.long)
-    att = torch.zeros(len(seqs), T, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, :len(s)] = torch.tensor(s)
-        att[i, :len(s)] = 1
     got = {}
     hook = _final_norm(model).register_forward_hook(lambda m, a, out: got.__setitem__("final", out))
     try:
@@ -40,19 +35,33 @@ def teacher_forward(model, seqs: list[list[int]], tap_layers: list[int]) -> list
                     logits_to_keep=1)
     finally:
         hook.remove()
-    taps = torch.cat([out.hidden_states[l + 1] for l in tap_layers], -1)
-    final = got["final"]
-    return [(taps[i, :len(s)].to("cpu", torch.bfloat16).clone(), final[i, :len(s)].to("cpu", torch.bfloat16).clone())
+    return torch.cat([out.hidden_states[l + 1] for l in tap_layers], -1), got["final"]
+
+
+@torch.no_grad()
+def teacher_forward(model, seqs: list[list[int]], tap_layers: list[int],
+                    dtype: torch.dtype = torch.bfloat16) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Right-padded batch forward -> per sequence (taps [T, n*H], final [T, H]) in `dtype` on the CPU."""
+    T = max(len(s) for s in seqs)
+    ids = torch.zeros(len(seqs), T, dtype=torch.long)
+    att = torch.zeros(len(seqs), T, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = torch.tensor(s)
+        att[i, :len(s)] = 1
+    taps, final = target_features(model, ids, att, tap_layers)
+    return [(taps[i, :len(s)].to("cpu", dtype).clone(), final[i, :len(s)].to("cpu", dtype).clone())
             for i, s in enumerate(seqs)]
 
 
 def build_cache(model, records: list[dict], tap_layers: list[int], cache_dir, batch_tokens: int = 4096,
-                shard_size: int = 128, progress: bool = True, tag: str = "") -> list[dict]:
+                shard_size: int = 128, progress: bool = True, tag: str = "",
+                dtype: torch.dtype = torch.bfloat16) -> list[dict]:
     """Compute (or resume) the feature cache for `records` (from data.read_records) and return it in record order.
 
     Only these records' features are loaded, so data-parallel ranks each hold their own shard; `tag` (e.g. the rank)
     names the files a process writes, so ranks building their shards at the same time never collide.
     `cache_dir=None` keeps the features in memory only (a GPU lease: no time spent writing tens of GB to disk).
+    `dtype` is the stored precision (bf16: (taps + 1) x H x 2 bytes per token; tests use float64 to compare paths).
     """
     from tqdm import tqdm
 
@@ -85,7 +94,7 @@ def build_cache(model, records: list[dict], tap_layers: list[int], cache_dir, ba
         while j < len(todo) and (j + 1 - i) * len(todo[j]["ids"]) <= batch_tokens:
             j += 1
         batch = todo[i:j]
-        for r, (taps, final) in zip(batch, teacher_forward(model, [r["ids"] for r in batch], tap_layers)):
+        for r, (taps, final) in zip(batch, teacher_forward(model, [r["ids"] for r in batch], tap_layers, dtype)):
             item = {"key": r["key"], "source": r["source"], "mode": r["mode"], "prompt_len": r["prompt_len"],
                     "ids": torch.tensor(r["ids"], dtype=torch.long), "taps": taps, "final": final}
             have[r["key"]] = item

@@ -68,12 +68,21 @@ def draft_vocab(items: list[dict], size: int, vocab_size: int) -> torch.Tensor:
 
 
 def make_head(target_model, causal: bool, vocab_ids: torch.Tensor, num_layers: int = 2, n_taps: int = 4,
-              block_size: int = 16) -> JetFlowHead:
+              block_size: int = 16, mask_token_id: int | None = None) -> JetFlowHead:
+    """mask_token_id (release layout, head/export.py): mask slots embed this token with the target's embedding (no
+    learned mask vector), q/k norms on, full vocabulary; such a head exports exactly (`jetflow export-head`)."""
     cfg = JetFlowHeadConfig.for_target(target_model.config, num_layers=num_layers, n_taps=n_taps, causal=causal,
                                        draft_vocab_size=len(vocab_ids), block_size=block_size)
+    if mask_token_id is not None:
+        if not torch.equal(vocab_ids.cpu(), torch.arange(target_model.config.vocab_size)):
+            raise ValueError("a release-layout head drafts over the full vocabulary (use --vocab 0)")
+        cfg.qk_norm, cfg.draft_vocab_size, cfg.mask_token_id = True, 0, mask_token_id
+        cfg.check_target(target_model.config)
     head = JetFlowHead(cfg)
     init_from_target(head, target_model)
     head.vocab_ids.copy_(vocab_ids)
+    if mask_token_id is not None:
+        head.mask_embedding.requires_grad_(False)  # unused: no gradient, and none for DDP to wait for
     return head.float().bind(target_model)
 
 
@@ -82,16 +91,27 @@ def sample_batch(items: list[dict], rng: random.Random, seqs: int, blocks: int, 
                  branch_prob: float) -> dict:
     """Pick sequences and anchors; everything a head step needs except the mask flavour."""
     rows = [items[rng.randrange(len(items))] for _ in range(seqs)]
+    return build_batch(rows, rng, blocks, block_size, branch_prob)
+
+
+def build_batch(rows: list[dict], rng: random.Random, blocks: int, block_size: int, branch_prob: float) -> dict:
+    """Anchors and branch lengths for the sequences `rows`, padded into one batch. Rows with cached features (`taps`,
+    `final`) bring them along in their dtype; rows without (the online teacher, online.py) leave them to be filled."""
+    seqs = len(rows)
     T = max(len(r["ids"]) for r in rows)
-    nt, dev = rows[0]["taps"].shape[1], rows[0]["taps"].device  # features may already sit on the GPU
-    taps = torch.zeros(seqs, T, nt, dtype=torch.bfloat16, device=dev)
-    final = torch.zeros(seqs, T, rows[0]["final"].shape[1], dtype=torch.bfloat16, device=dev)
+    feats = "taps" in rows[0]
+    if feats:
+        nt, dev, dt = rows[0]["taps"].shape[1], rows[0]["taps"].device, rows[0]["taps"].dtype  # maybe on the GPU
+        taps = torch.zeros(seqs, T, nt, dtype=dt, device=dev)
+        final = torch.zeros(seqs, T, rows[0]["final"].shape[1], dtype=dt, device=dev)
     ids = torch.zeros(seqs, T, dtype=torch.long)
     anchors = torch.zeros(seqs, blocks, dtype=torch.long)
     lengths = torch.zeros(seqs, dtype=torch.long)
     for i, r in enumerate(rows):
         n = len(r["ids"])
-        taps[i, :n], final[i, :n], ids[i, :n], lengths[i] = r["taps"], r["final"], r["ids"], n
+        ids[i, :n], lengths[i] = torch.as_tensor(r["ids"]), n
+        if feats:
+            taps[i, :n], final[i, :n] = r["taps"], r["final"]
         lo, hi = r["prompt_len"], n - 2  # anchor = a committed continuation token with at least one token after it
         cand = list(range(lo, hi + 1)) or [max(n - 2, 0)]
         pick = rng.sample(cand, blocks) if len(cand) >= blocks else [rng.choice(cand) for _ in range(blocks)]
@@ -100,8 +120,8 @@ def sample_batch(items: list[dict], rng: random.Random, seqs: int, blocks: int, 
     k = torch.tensor([[rng.randint(1, block_size - 2) if rng.random() < branch_prob else 0 for _ in range(blocks)]
                       for _ in range(seqs)])
     k = torch.minimum(k, (lengths[:, None] - 2 - anchors).clamp(min=0))  # real tokens must exist, one slot stays scored
-    return {"taps": taps, "final": final, "ids": ids, "anchors": anchors, "lengths": lengths, "k": k,
-            "block_size": block_size}
+    b = {"ids": ids, "anchors": anchors, "lengths": lengths, "k": k, "block_size": block_size}
+    return {"taps": taps, "final": final, **b} if feats else b
 
 
 def head_inputs(b: dict, causal: bool, branch: bool):
@@ -166,11 +186,12 @@ def head_loss(head: JetFlowHead, b: dict, lm_w: torch.Tensor, vocab_map: torch.T
 
 @torch.no_grad()
 def evaluate(head: JetFlowHead, items: list[dict], lm_w, vocab_map, cfg: TrainConfig, device, blocks: int = 16,
-             width: int = 8) -> dict:
+             width: int = 8, teacher=None) -> dict:
     """Held-out: KL, depth-1 agreement and an acceptance proxy for MASK blocks.
 
     tau_w8: 1 + the leading depths whose target-greedy token is in the head's top-8 (the per-depth top-8 tree with no
     budget limit, as the paper's tree builds it); tau_chain: the same for the head's argmax (a DFlash chain).
+    `teacher(batch) -> batch` fills the features of items that carry none (the online teacher).
     """
     head.eval()
     rng = random.Random(1234)
@@ -178,6 +199,8 @@ def evaluate(head: JetFlowHead, items: list[dict], lm_w, vocab_map, cfg: TrainCo
     bs = head.config.block_size
     for i in range(0, len(items), cfg.seqs):
         b = sample_batch(items[i:i + cfg.seqs], rng, min(cfg.seqs, len(items) - i), blocks, bs, 0.0)
+        if teacher is not None:
+            b = teacher(b)
         tokens, pos, mask, scored = head_inputs(b, head.config.causal, False)
         B, nb = b["anchors"].shape
         T = b["ids"].shape[1]
@@ -232,7 +255,7 @@ def step_rng(cfg: TrainConfig, step: int, rank: int) -> random.Random:
 
 def train(heads: dict[str, JetFlowHead], target_model, items: list[dict], eval_items: list[dict], cfg: TrainConfig,
           out_dir, progress: bool = True, info: dist.DistInfo | None = None, on_step=None,
-          sampler=None, on_ckpt=None) -> dict[str, list[dict]]:
+          sampler=None, on_ckpt=None, teacher=None, data_state=None) -> dict[str, list[dict]]:
     """Train all `heads` on identical batches, alternating per step; resumes from out_dir/ckpt.pt.
 
     Data-parallel when a process group is up (`info.world` > 1): `items` is this rank's shard, each rank draws
@@ -241,6 +264,9 @@ def train(heads: dict[str, JetFlowHead], target_model, items: list[dict], eval_i
     training. `on_step(step, heads)` runs after every optimiser step (tests use it); `sampler(step) -> batch`
     replaces the default draw of `cfg.seqs` sequences from `items` with step_rng(cfg, step, rank);
     `on_ckpt(step, heads)` runs on rank 0 after every checkpoint (e.g. to export the heads as they are).
+    Online teacher (online.py): `teacher(batch) -> batch` fills the features of evaluation batches, and `data_state`
+    (state_dict / load_state_dict: the position in a streamed training file) is saved in and restored from the
+    checkpoint; `items` may then be empty, the sampler supplies the batches.
     Returns the evaluation history per head (rank 0's; the other ranks return the resumed history).
     """
     from tqdm import tqdm
@@ -256,7 +282,7 @@ def train(heads: dict[str, JetFlowHead], target_model, items: list[dict], eval_i
         if not torch.equal(h.vocab_ids, vocab_ids):
             raise ValueError("heads trained together must share one draft vocabulary")
         h.to(dev).train()
-    if not items:
+    if not items and sampler is None:
         raise ValueError(f"rank {info.rank} has no training sequences (fewer sequences than ranks?)")
     lm_w = target_model.get_output_embeddings().weight.detach()[vocab_ids.to(dev)].contiguous()
     vocab_map = torch.full((target_model.config.vocab_size,), -1, dtype=torch.long)
@@ -271,6 +297,10 @@ def train(heads: dict[str, JetFlowHead], target_model, items: list[dict], eval_i
             h.load_state_dict(st["heads"][n])
             opts[n].load_state_dict(st["opts"][n])
         step, elapsed, history = st["step"], st["elapsed"], st["history"]
+        if data_state is not None:
+            if "data" not in st:
+                raise ValueError(f"{ck} holds no data position (an offline run?); use a new run folder")
+            data_state.load_state_dict(st["data"])
         if main:
             print(f"[train] resumed from {ck} at step {step} ({elapsed / 60:.1f} min), world size {info.world} "
                   f"(was {st.get('world', 1)})", flush=True)
@@ -291,7 +321,8 @@ def train(heads: dict[str, JetFlowHead], target_model, items: list[dict], eval_i
         tmp = out / "ckpt.pt.tmp"
         torch.save({"step": step, "elapsed": elapsed, "history": history, "world": info.world,
                     "heads": {n: h.state_dict() for n, h in heads.items()},
-                    "opts": {n: o.state_dict() for n, o in opts.items()}, "cfg": asdict(cfg)}, tmp)
+                    "opts": {n: o.state_dict() for n, o in opts.items()}, "cfg": asdict(cfg),
+                    **({"data": data_state.state_dict()} if data_state is not None else {})}, tmp)
         tmp.replace(ck)
         if on_ckpt is not None:
             on_ckpt(step, heads)
@@ -302,7 +333,8 @@ def train(heads: dict[str, JetFlowHead], target_model, items: list[dict], eval_i
     def run_eval():
         if main and eval_items:
             for n, h in heads.items():
-                e = {"step": step, "min": round(elapsed / 60, 2), **evaluate(h, eval_items, lm_w, vocab_map, cfg, dev)}
+                ev = evaluate(h, eval_items, lm_w, vocab_map, cfg, dev, teacher=teacher)
+                e = {"step": step, "min": round(elapsed / 60, 2), **ev}
                 history[n].append(e)
                 log.write(json.dumps({"head": n, **e}) + "\n")
             log.flush()
