@@ -679,6 +679,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sample-s", type=float, default=5.0, help="seconds between RSS / head-pool samples")
     ap.add_argument("--together", action="store_true",
                     help="start both servers at once (faster; twice the memory while the first one's soak runs)")
+    ap.add_argument("--overlap", choices=["auto", "on", "off"], default="auto",
+                    help="JETFLOW on SGLang's overlap scheduler (JETFLOW_OVERLAP; auto: synchronous on a CPU)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "soak"))
     a = ap.parse_args(argv)
     if min(a.requests, a.concurrency, a.max_new_tokens, a.threads) < 1 or a.max_minutes <= 0:
@@ -705,6 +707,7 @@ def _run(a, argv, t0: float, deadline: float) -> int:
         prompts = [p[:a.max_prompt_chars] for p in prompts]
     reqs = build_requests(a.requests, a.seed, prompts, a.max_new_tokens)
     spec_args, spec_env = config_args("jetflow-auto", head, "jetflow")  # JETFLOW_BUDGET=auto, explicitly
+    spec_env = {**spec_env, "JETFLOW_OVERLAP": a.overlap}
     common = ["--dtype", "float32", "--max-total-tokens", str(a.max_total_tokens), "--max-running-requests",
               str(a.concurrency), "--sleep-on-idle"]
     plain_args = [*common, "--disable-overlap-schedule"]

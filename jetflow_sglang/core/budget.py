@@ -39,6 +39,7 @@ The best budget maximises tokens per second: batch * tau(b) / (t_draft(b) + t_ve
 from __future__ import annotations
 
 import math
+from collections import deque
 
 from jetflow_sglang.core.tree import MAX_BUDGET, check_budget
 
@@ -137,7 +138,11 @@ class AdaptiveBudget:
         self.explored = 0  # rounds spent on exploration (for tests and reports)
         self.elapsed = 0.0  # seconds of all observed rounds
         self.regret = 0.0  # seconds exploration rounds took beyond what the best budget would have needed
-        self._pending: tuple[int, float] | None = None  # (explored budget, best rate when it was chosen)
+        # one entry per choose() not yet observed, oldest first: (explored budget, best rate when it was chosen), or
+        # None for a round that did not explore. Feedback may arrive rounds late (the SGLang worker reads it back
+        # without waiting for the device), so each observation settles the choice it was made under.
+        self._pending: deque[tuple[int, float] | None] = deque(maxlen=16)
+        self._exploring: tuple[int, float] | None = None
 
     # ---- estimates ----------------------------------------------------------------------------------------------
     def tau(self, b: int) -> float | None:
@@ -234,6 +239,12 @@ class AdaptiveBudget:
 
     # ---- decisions ----------------------------------------------------------------------------------------------
     def choose(self, batch: int = 1) -> int:
+        self._exploring = None
+        out = self._choose(batch)
+        self._pending.append(self._exploring)
+        return out
+
+    def _choose(self, batch: int) -> int:
         if self.current is None:
             self.current = self._first_choice(batch)
         if self.t < WARMUP:  # a few rounds at the first choice measure tau for every budget up to it at once
@@ -265,7 +276,7 @@ class AdaptiveBudget:
     def _explore(self, cand: int, best: int, batch: int) -> int:
         """Run one round at cand instead of best; observe() books what it cost against best (the regret ledger)."""
         self.explored += 1
-        self._pending = (cand, self.rate(best, batch))
+        self._exploring = (cand, self.rate(best, batch))
         return cand
 
     def _can_afford(self, cand: int, best: int, batch: int) -> bool:
@@ -335,9 +346,9 @@ class AdaptiveBudget:
         budget, batch = int(budget), max(1, int(batch))
         round_s = max(0.0, verify_s) + max(0.0, draft_s)
         self.elapsed += round_s
-        if self._pending is not None:
-            cand, best_rate = self._pending
-            self._pending = None
+        settled = self._pending.popleft() if self._pending else None
+        if settled is not None:
+            cand, best_rate = settled
             if cand == budget and best_rate > 0 and round_s > 0:  # time lost (or won) against the best budget
                 tokens = sum(1 + sum(1 for i in p[1:] if i < budget) for p in paths)
                 self.regret += round_s - tokens / best_rate

@@ -68,7 +68,8 @@ def _padded(tokens: torch.Tensor, ok: torch.Tensor, fill) -> torch.Tensor:
     multiple of 8 columns > D (so that every row ends with a fill column)."""
     d = tokens.shape[-1]
     out = torch.where(ok, tokens, fill)
-    pad = torch.as_tensor(fill, device=tokens.device).expand(*out.shape[:-1], (d // 8 + 1) * 8 - d)
+    shape = (*out.shape[:-1], (d // 8 + 1) * 8 - d)
+    pad = fill.expand(shape) if isinstance(fill, torch.Tensor) else out.new_full(shape, fill)  # no host copy
     return torch.cat([out, pad], -1)
 
 

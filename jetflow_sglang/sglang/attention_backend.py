@@ -16,6 +16,18 @@ from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 NAME = "jetflow_tree_native"
 
 
+def host_max_len(forward_batch) -> int:
+    """A host bound on the batch's committed lengths without reading the device: the worker's
+    `max_seq_len_host` (from the requests' KV bookkeeping), else SGLang's host mirror, else (a blocking read)
+    the device lengths."""
+    bound = getattr(forward_batch, "max_seq_len_host", None)
+    if bound is not None:
+        return int(bound)
+    if forward_batch.seq_lens_cpu is not None:
+        return int(forward_batch.seq_lens_cpu.max())
+    return int(forward_batch.seq_lens.max())
+
+
 def tree_rows_mask(custom_mask: torch.Tensor, seq_lens: list[int], n: int) -> list[torch.Tensor]:
     """Per request, the [n, n] in-window mask, whatever layout `custom_mask` uses."""
     bs = len(seq_lens)
@@ -47,6 +59,10 @@ def window_mask(custom_mask: torch.Tensor, seq_lens: torch.Tensor, n: int, max_l
 
 
 class TreeTorchNativeAttnBackend(TorchNativeAttnBackend):
+    # verify rounds size their window from host_max_len, so SGLang's overlap scheduler need not copy seq_lens to the
+    # host every round (its FutureMap reads this flag)
+    needs_cpu_seq_lens = False
+
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         if not forward_batch.forward_mode.is_target_verify():
             return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
@@ -58,8 +74,7 @@ class TreeTorchNativeAttnBackend(TorchNativeAttnBackend):
         hq, hkv, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.qk_head_dim
         seq_lens = forward_batch.seq_lens  # committed lengths; the n draft rows follow them
         b = seq_lens.shape[0]
-        max_len = int(forward_batch.seq_lens_cpu.max()) if forward_batch.seq_lens_cpu is not None \
-            else int(seq_lens.max())
+        max_len = host_max_len(forward_batch)
         cache = getattr(forward_batch, "_jetflow_window", None)
         if cache is None or cache[0] != max_len:  # one mask and one slot gather per forward, shared by all layers
             rows = self.req_to_token_pool.req_to_token[forward_batch.req_pool_indices.long(), : max_len + n].long()

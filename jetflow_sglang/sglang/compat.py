@@ -47,6 +47,9 @@ PATCHES = [
      "an ASGI middleware added at import: non-object JSON bodies and crashes inside body validation get a 400"),
     ("sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController._add_speculative",
      "worker.py", "/server_info gains the worker's per-step state and avg_spec_accept_length from the first round"),
+    ("sglang.srt.managers.scheduler.Scheduler.is_disable_overlap_for_batch", "penalties.py",
+     "overlap scheduler only: a JETFLOW decode batch with history-dependent penalties runs after the previous round "
+     "is processed, so its penalties count every output token (SGLang does the same for grammar batches)"),
     ("sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator.__init__", "memory.py",
      "the per-token KV cell size counts the head's K/V and token-id rows, so the pool fits the memory budget"),
     ("sglang.srt.runtime_context.get_spec", "worker.py",
@@ -57,6 +60,26 @@ PATCHES = [
      "CPU only: the target's unquantized linear layers switch to a subclass that runs rowgemm"),
     ("sgl_kernel", "cpu/ops.py",
      "CPU only (JETFLOW_SGLANG_CPU=1): a pure-torch stand-in module for the CUDA-only kernels, and a torchvision stub"),
+]
+
+# -- benchmark only ------------------------------------------------------------------------------------------------
+# SGLang's own DFLASH as a CPU peer of JETFLOW (scripts/bench_serving.py's dflash-bN configs and
+# tests/sglang/test_dflash_peer.py). Active only in a server launched with JETFLOW_SGLANG_CPU=1 and
+# JETFLOW_BENCH_DFLASH_PEER=1 (cpu/boot.py reads the switch once); the plugin itself never installs them. Besides
+# these, cpu/dflash_peer.py registers the `dflash_peer_native` draft attention backend through SGLang's public
+# register_attention_backend / add_attention_backend_choices / add_draft_attention_backend_choices.
+PATCHES += [
+    ("sglang.srt.arg_groups.speculative_hook._handle_dflash", "cpu/dflash_peer.py",
+     "benchmark only, --device cpu: an AROUND hook runs SGLang's DFLASH checks against a platform view that accepts "
+     "DFLASH on the CPU (the stock gate allows cuda, npu and xpu alone) and offers `dflash_peer_native` as the only "
+     "draft attention backend (stock torch_native cannot run the draft's TARGET_VERIFY forward; jetflow_tree_native "
+     "would run DFLASH's bidirectional draft layers causally)"),
+    ("sglang.srt.model_executor.model_runner.ModelRunner._extend_forward_kwargs", "cpu/dflash_peer.py",
+     "benchmark only: the DFLASH draft's input embeddings keep the model's dtype (SGLang casts them to bfloat16 "
+     "unconditionally, which breaks a float32 server)"),
+    ("torch.Tensor.record_stream", "cpu/dflash_peer.py",
+     "benchmark only: a no-op for CPU tensors (DFLASH records the batch's seq_lens on the current stream; a CPU "
+     "tensor has none and torch raises 'unknown parameter type')"),
 ]
 
 

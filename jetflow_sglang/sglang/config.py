@@ -24,6 +24,12 @@ Environment (only what SGLang has no flag for; read once, never written):
                       merge run on the device for the whole batch (lookup_batch), about 1-2 ms per step on a 2-core
                       CPU: auto (default) turns it on where the server runs on the CPU and off on a GPU, where it is
                       not yet measured
+    JETFLOW_OVERLAP   auto | on | off   SGLang's overlap scheduler (the host prepares round k+1 while the device runs
+                      round k). auto (default): on, except on a CPU, where SGLang keeps its own speculative
+                      algorithms synchronous; on: overlap on a CPU server too; off: synchronous everywhere (as
+                      --disable-overlap-schedule, which always wins)
+    JETFLOW_COUNT_SYNCS  0 | 1     count, per decode round, the calls that could make the host wait for the device
+                      (host_syncs.py), reported in /server_info; for tests and benchmarks (default 0)
     JETFLOW_COST_PRIOR  JSON {verified tokens: seconds}, e.g. '{"1": 0.01, "8": 0.02}': the verify-cost prior of
                       JETFLOW_BUDGET=auto (only valid with it; default: the adaptive budget's own prior)
 
@@ -49,7 +55,8 @@ def is_jetflow(name) -> bool:
     return isinstance(name, str) and name.upper() == ALGORITHM
 
 DEFAULT_BUDGET = 8  # the server's budget (auto's maximum) without --speculative-num-draft-tokens
-ENV_VARS = ("JETFLOW_DRAFTER", "JETFLOW_BUDGET", "JETFLOW_TREE", "JETFLOW_COST_PRIOR", "JETFLOW_LOOKUP")
+ENV_VARS = ("JETFLOW_DRAFTER", "JETFLOW_BUDGET", "JETFLOW_TREE", "JETFLOW_COST_PRIOR", "JETFLOW_LOOKUP", "JETFLOW_OVERLAP",
+            "JETFLOW_COUNT_SYNCS")
 LOOKUP_MODES = {"auto": None, "on": True, "1": True, "true": True, "off": False, "0": False, "false": False}
 RETIRED_ENV = {  # read by earlier versions; failing beats silently ignoring them
     "JETFLOW_WIDTH": "--speculative-eagle-topk",
@@ -74,6 +81,8 @@ class JetFlowServerConfig:
     head_dir: str | None = None
     cost_prior: dict | None = None  # {verified tokens: seconds} for AdaptiveBudget(cost_prior=...)
     lookup: bool = False  # JETFLOW_LOOKUP: prompt-lookup tries merged into the head's trees (lookup_batch)
+    overlap: bool = False  # JETFLOW_OVERLAP: run on SGLang's overlap scheduler (unless --disable-overlap-schedule)
+    count_syncs: bool = False  # JETFLOW_COUNT_SYNCS: count each decode round's host synchronisations (host_syncs.py)
 
     @property
     def needs_head(self) -> bool:
@@ -113,14 +122,18 @@ class JetFlowServerConfig:
         depth = _flag_int("depth", raw.get("speculative_num_steps"), None)
         cost_prior = _cost_prior(env.get("JETFLOW_COST_PRIOR"), adaptive)
         lookup = _lookup(env.get("JETFLOW_LOOKUP"), drafter, raw.get("device"))
+        overlap = _switch("JETFLOW_OVERLAP", env.get("JETFLOW_OVERLAP"))
+        if overlap is None:
+            overlap = str(raw.get("device") or "").strip().lower() != "cpu"
+        count_syncs = bool(_switch("JETFLOW_COUNT_SYNCS", env.get("JETFLOW_COUNT_SYNCS") or "off"))
         return cls(drafter=drafter, budget=budget, adaptive=adaptive, width=width, depth=depth, tree=tree,
-                   head_dir=head_dir, cost_prior=cost_prior, lookup=lookup)
+                   head_dir=head_dir, cost_prior=cost_prior, lookup=lookup, overlap=overlap, count_syncs=count_syncs)
 
     def describe(self) -> str:
         mode = "auto, up to" if self.adaptive else "fixed"
         return (f"drafter={self.drafter} budget={mode} {self.budget} width={self.width} "
                 f"depth={self.depth if self.depth is not None else 'head'} tree={self.tree} "
-                f"lookup={'on' if self.lookup else 'off'}")
+                f"lookup={'on' if self.lookup else 'off'} overlap={'on' if self.overlap else 'off'}")
 
 
 def _raw_fields(server_args) -> dict:
@@ -167,11 +180,16 @@ def _drafter(requested: str | None, head_dir: str | None) -> str:
     return requested
 
 
-def _lookup(value, drafter: str, device) -> bool:
+def _switch(name: str, value) -> bool | None:
+    """auto | on | off (also 1/0, true/false) -> None | True | False."""
     mode = (value or "auto").strip().lower()
     if mode not in LOOKUP_MODES:
-        raise JetFlowConfigError(f"JETFLOW_LOOKUP must be auto, on or off; got {value!r}")
-    wanted = LOOKUP_MODES[mode]
+        raise JetFlowConfigError(f"{name} must be auto, on or off; got {value!r}")
+    return LOOKUP_MODES[mode]
+
+
+def _lookup(value, drafter: str, device) -> bool:
+    wanted = _switch("JETFLOW_LOOKUP", value)
     if drafter not in HEAD_DRAFTERS:
         if wanted:
             raise JetFlowConfigError(f"JETFLOW_LOOKUP=on merges prompt lookup into a head's trees, but the drafter is "

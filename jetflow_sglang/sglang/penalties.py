@@ -7,6 +7,10 @@ never the first output token. Here node i's logits are penalised with the reques
 token, already counted), and min-new-tokens' stop-token ban is lifted at the depth where the path reaches it.
 Semantics as SGLang's penaltylib (outputs only, OpenAI-style frequency/presence, CTRL-style repetition); order as its
 speculative path: additive penalties, then the ban, then scaling. Nothing runs when no request uses penalties.
+
+On SGLang's overlap scheduler the host's `req.output_ids` are a round behind, so a decode batch in which a request
+uses a history-dependent penalty runs synchronously (`install_sync_fallback`: SGLang finishes the previous round
+first, as it does for grammar batches); the penalties stay exact, and other batches keep overlapping.
 """
 from __future__ import annotations
 
@@ -44,6 +48,36 @@ def _stop_ban(info, b: int, v: int, device):
         if getattr(p, "_is_prepared", False) and hasattr(p, "stop_token_penalties"):
             return p.stop_token_penalties[:, :v].to(device)
     return torch.zeros(b, v, device=device)
+
+
+def needs_history(reqs) -> bool:
+    """True when some request's penalties read its output so far (frequency, presence, repetition, min_new_tokens)."""
+    for r in reqs:
+        p = r.sampling_params
+        if (p.frequency_penalty or 0.0) or (p.presence_penalty or 0.0) or (p.min_new_tokens or 0) \
+                or (p.repetition_penalty is not None and p.repetition_penalty != 1.0):
+            return True
+    return False
+
+
+def install_sync_fallback(algorithm: str) -> None:
+    """Wrap SGLang's per-batch overlap switch (Scheduler.is_disable_overlap_for_batch, listed in compat.PATCHES) so
+    a JETFLOW decode batch whose penalties read the output history runs after the previous round is processed."""
+    from sglang.srt.managers.scheduler import Scheduler
+
+    original = Scheduler.is_disable_overlap_for_batch
+    if getattr(original, "_jetflow", False):
+        return
+
+    def is_disable_overlap_for_batch(self, batch, last_batch):
+        if original(self, batch, last_batch):
+            return True
+        return bool(batch is not None and getattr(batch.spec_algorithm, "name", None) == algorithm
+                    and batch.forward_mode.is_decode() and len(getattr(self, "result_queue", ())) > 0
+                    and needs_history(batch.reqs))
+
+    is_disable_overlap_for_batch._jetflow = True
+    Scheduler.is_disable_overlap_for_batch = is_disable_overlap_for_batch
 
 
 class PathPenalties:

@@ -102,8 +102,10 @@ def _spec_class():
         def handle_server_args(self, sa) -> None:
             """`sa` records our writes as SGLang declarations (the operator's input stays on the record)."""
             cfg = resolve_config(sa)
-            # The worker is synchronous (V2 schema, overlap off); SGLang only does this itself for its built-ins.
-            sa.disable_overlap_schedule = True
+            # The worker runs on SGLang's overlap scheduler; like SGLang's built-ins, synchronous on a CPU unless
+            # JETFLOW_OVERLAP=on (config.py). --disable-overlap-schedule always gives the synchronous path.
+            if not cfg.overlap:
+                sa.disable_overlap_schedule = True
             # The radix cache stays on: the worker keeps the head's context K/V in a pool indexed by the target's KV
             # slots, so a prefix hit reuses it (worker.py / head_pool.py).
             # No dummy verify input exists for plugin algorithms, so no CUDA-graph capture of TARGET_VERIFY.
@@ -199,7 +201,7 @@ def register() -> None:
         if name not in ATTENTION_BACKEND_CHOICES:
             add_attention_backend_choices([name])
     if get_spec(ALGORITHM) is None:  # register() runs once per process, but Engine + launcher may share one
-        SpeculativeAlgorithm.register(ALGORITHM, supports_overlap=False, spec_class=_spec_class())(_worker_factory)
+        SpeculativeAlgorithm.register(ALGORITHM, supports_overlap=True, spec_class=_spec_class())(_worker_factory)
     _register_resolution_hooks()
     install_request_guard()
     from jetflow_sglang.sglang.memory import install as install_pool_sizing

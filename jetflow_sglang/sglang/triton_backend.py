@@ -20,7 +20,7 @@ import logging
 import torch
 
 from jetflow_sglang.core.tree import pack_bits
-from jetflow_sglang.sglang.attention_backend import TreeTorchNativeAttnBackend, tree_rows_mask
+from jetflow_sglang.sglang.attention_backend import TreeTorchNativeAttnBackend, host_max_len, tree_rows_mask
 
 NAME = "jetflow_tree_triton"
 logger = logging.getLogger(__name__)
@@ -56,8 +56,7 @@ class TreeTritonVerify:
             return cached
         seq_lens = forward_batch.seq_lens
         b = seq_lens.shape[0]
-        max_len = int(forward_batch.seq_lens_cpu.max()) if forward_batch.seq_lens_cpu is not None \
-            else int(seq_lens.max())
+        max_len = host_max_len(forward_batch)
         page = self._page_size()
         bt = block_table(self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices, max_len + n, page)
         mask = forward_batch.spec_info.custom_mask

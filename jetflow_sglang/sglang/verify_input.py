@@ -1,4 +1,5 @@
-"""The verify input JETFLOW hands SGLang's attention backends, and the batched tree -> verify tensors packing.
+"""The verify input JETFLOW hands SGLang's attention backends, the carry between rounds, and the batched
+tree -> verify tensors packing.
 
 It keeps NGRAM's layout (SpecInputType.NGRAM_VERIFY): an irregular tree of a fixed `n` nodes per request, the
 tree mask as QLEN_ONLY (n*n per request) on CPU or FULL (n*(L+n), prefix columns True) elsewhere, which is what
@@ -11,12 +12,42 @@ import torch
 
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.speculative.ngram_info import NgramVerifyInput
+from sglang.srt.speculative.spec_info import SpecInput, SpecInputType
 
 
 class JetFlowVerifyInput(NgramVerifyInput):
     def __init__(self, *args, capture_hidden_mode=CaptureHiddenMode.NULL, **kwargs):
         super().__init__(*args, **kwargs)
         self.capture_hidden_mode = capture_hidden_mode
+
+
+class JetFlowCarry(SpecInput):
+    """What each request carries from one round to the next: its last emitted token (the next round's anchor,
+    `bonus_tokens`) and its committed length. One row per request, so SGLang's filter/merge never depend on the
+    tree size a round used (budgets vary under `auto`). On the overlap scheduler SGLang relays both through its
+    FutureMap (`future_indices` set; it writes `bonus_tokens` back before the next round); the EAGLE-shaped fields
+    its relay reads are empty."""
+
+    topk_p = topk_index = hidden_states = draft_probs = None
+
+    def __init__(self, bonus_tokens: torch.Tensor, new_seq_lens: torch.Tensor, future_indices=None):
+        super().__init__(SpecInputType.EAGLE_DRAFT)
+        self.bonus_tokens, self.new_seq_lens, self.future_indices = bonus_tokens, new_seq_lens, future_indices
+        self.num_tokens_per_req = self.num_tokens_for_logprob_per_req = 1
+
+    def filter_batch(self, new_indices: torch.Tensor, new_indices_cpu=None):
+        if self.future_indices is not None:
+            self.future_indices = self.future_indices[new_indices]
+            return
+        self.bonus_tokens = self.bonus_tokens[new_indices]
+        self.new_seq_lens = self.new_seq_lens[new_indices]
+
+    def merge_batch(self, other: "JetFlowCarry"):
+        if self.future_indices is not None:
+            self.future_indices = torch.cat([self.future_indices, other.future_indices])
+            return
+        self.bonus_tokens = torch.cat([self.bonus_tokens, other.bonus_tokens])
+        self.new_seq_lens = torch.cat([self.new_seq_lens, other.new_seq_lens])
 
 
 def tree_links(parents: torch.Tensor, sizes: torch.Tensor):

@@ -1,4 +1,4 @@
-"""JetFlowWorker: SGLang's V2 speculative worker for JETFLOW (synchronous; overlap scheduling off), batched.
+"""JetFlowWorker: SGLang's V2 speculative worker for JETFLOW, batched, on the overlap scheduler or synchronous.
 
 Per scheduler step:
   prefill  the target runs with the head's tap layers captured; the taps of every extended token (each chunk of a
@@ -11,33 +11,39 @@ Per scheduler step:
                    ngram drafter is that trie alone
            verify  one TARGET_VERIFY forward of all bs*n nodes under a tree mask built on the device
            accept  greedy and rejection-sampling acceptance on the device (accept.py)
-           commit  accepted nodes' target K/V moved to the front of the window, their head K/V written there
-The scheduler does the rest (appending tokens, stop conditions, batching, filter/merge, accept statistics).
+           commit  accepted nodes' target K/V moved to the front of the verify window, their head K/V written there;
+                   the carry (each request's last token and length) published for the next round
+The round never waits for the device outside grammar and penalty batches: the anchors come from the carry (on the
+overlap scheduler SGLang relays it through its FutureMap), host bounds come from the requests' KV bookkeeping, and
+statistics and the adaptive budget's feedback are read back a round later (readback.py). The scheduler does the rest
+(appending tokens, stop conditions, batching, filter/merge, accept statistics).
 Settings come only from jetflow_sglang.sglang.config.JetFlowServerConfig.
 """
 from __future__ import annotations
 
 import logging
-import time
 
 import torch
 
 from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
+from sglang.srt.arg_groups.model_override_base import attention_backends_of, resolved_view
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
 
-from jetflow_sglang.sglang.config import JetFlowServerConfig
+from jetflow_sglang.sglang.config import ALGORITHM, JetFlowServerConfig
 from jetflow_sglang.draft.registry import HEAD_DRAFTERS, SERVER_DRAFTERS, spec
 from jetflow_sglang.core.tree_batch import TreeBatch, root_only
 from jetflow_sglang.sglang.accept import accept_batch, to_sglang
 from jetflow_sglang.sglang.attention_backend import NAME as NATIVE_BACKEND
 from jetflow_sglang.sglang.head_pool import HeadKVPool, SlotTokens, slots_of
-from jetflow_sglang.sglang.penalties import PathPenalties
+from jetflow_sglang.sglang.host_syncs import SyncCounter
+from jetflow_sglang.sglang.penalties import PathPenalties, install_sync_fallback, needs_history
+from jetflow_sglang.sglang.readback import Readback
 from jetflow_sglang.sglang.triton_backend import NAME as TRITON_BACKEND
 from jetflow_sglang.sglang.tp_sync import broadcast_from_rank0, broadcast_object_from_rank0, make_generator
-from jetflow_sglang.sglang.verify_input import JetFlowVerifyInput, verify_tensors
+from jetflow_sglang.sglang.verify_input import JetFlowCarry, JetFlowVerifyInput, verify_tensors
 
 logger = logging.getLogger(__name__)
 
@@ -50,18 +56,23 @@ class StepStats:
         self.keep = keep
         self.steps = 0
         self.plain_steps = 0
-        self.recent: list[tuple[int, int, float, float]] = []
+        self.recent: list[tuple[int, int, float, float, float]] = []
 
-    def record(self, budget: int, batch: int, accept_len: float, round_s: float) -> None:
+    def record(self, r) -> None:
+        """r: a readback.Round (it reaches the host a round late on a GPU)."""
         self.steps += 1
-        self.plain_steps += budget <= 1
-        self.recent = (self.recent + [(budget, batch, accept_len, round_s)])[-self.keep:]
+        self.plain_steps += r.budget <= 1
+        self.recent = (self.recent + [(r.budget, r.batch, r.mean_accept, r.draft_s, r.verify_s)])[-self.keep:]
 
     def snapshot(self, pool=None) -> dict:
-        last = self.recent[-1] if self.recent else (0, 0, 0.0, 0.0)
+        last = self.recent[-1] if self.recent else (0, 0, 0.0, 0.0, 0.0)
+        mean = lambda i: sum(r[i] for r in self.recent) / max(1, len(self.recent))  # noqa: E731
         out = {"steps": self.steps, "plain_steps": self.plain_steps, "last_budget": last[0], "last_batch": last[1],
-               "last_accept_len": last[2], "last_round_s": last[3],
-               "recent_budgets": [r[0] for r in self.recent], "recent_accept_lens": [r[2] for r in self.recent]}
+               "last_accept_len": last[2], "last_round_s": last[3] + last[4],
+               "recent_budgets": [r[0] for r in self.recent], "recent_accept_lens": [r[2] for r in self.recent],
+               # mean seconds per round over the recent rounds: draft (head + tree + lookup), verify (target verify,
+               # acceptance, commit); the scheduler's own time is what a round's wall time adds to these
+               "round_split": {"draft_s": round(mean(3), 6), "verify_s": round(mean(4), 6)}}
         if pool is not None:
             out["head_pool_slots"], out["head_pool_bytes"] = pool.size, pool.bytes
         return out
@@ -90,11 +101,6 @@ def _install_server_info_hook() -> None:
 
     _add_speculative._jetflow = True
     C._add_speculative = _add_speculative
-
-
-def _sync(device) -> None:
-    if str(device).startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 class JetFlowWorker(BaseSpecWorker):
@@ -133,15 +139,26 @@ class JetFlowWorker(BaseSpecWorker):
 
             install(self.model_runner.model)
         # QLEN_ONLY (n*n per request) for this project's backends, FULL (n*(L+n)) for SGLang's custom-mask ones
-        self.full_mask = server_args.attention_backend not in (NATIVE_BACKEND, TRITON_BACKEND)
+        view = resolved_view(server_args)  # SGLang's decisions over the operator's raw flags
+        self.full_mask = attention_backends_of(view)[1] not in (NATIVE_BACKEND, TRITON_BACKEND)
         self.adaptive = self._make_budget() if self.cfg.adaptive else None
         self.generator = make_generator(server_args, self.device, offset=0x7E7F)  # the same on every TP rank
+        # On SGLang's overlap scheduler the host runs a round ahead of the results: each request's committed length
+        # on the host lags by the round in flight (its tree size: self._lag), and the next inputs arrive through the
+        # FutureMap. SGLang resolves disable_overlap_schedule before the worker starts.
+        self.overlap = not view.disable_overlap_schedule
+        self._lag = 0
+        if self.overlap:
+            install_sync_fallback(ALGORITHM)
+        self.readback = Readback(self.device)
+        self.syncs = SyncCounter() if self.cfg.count_syncs else None
         self.stats = StepStats()
         self.pool: HeadKVPool | None = None
         self.tokens: SlotTokens | None = None
         self.penalties = PathPenalties()
         _install_server_info_hook()
-        logger.info("JETFLOW worker: %s depth=%d", self.cfg.describe(), self.depth)
+        logger.info("JETFLOW worker: %s depth=%d overlap=%s tree mask=%s", self.cfg.describe(), self.depth,
+                    self.overlap, "FULL" if self.full_mask else "QLEN_ONLY")
 
     # -- setup -------------------------------------------------------------------------------------------------
     def _load_head(self):
@@ -197,6 +214,10 @@ class JetFlowWorker(BaseSpecWorker):
         self.req_to_token_pool, self.token_to_kv_pool_allocator = self._target_worker.get_memory_pool()
         kv = self.model_runner.token_to_kv_pool
         rows = kv.get_key_buffer(kv.start_layer if hasattr(kv, "start_layer") else 0).shape[0]
+        if str(self.device) == "cpu":  # the CPU stand-in of SGLang's KV move kernel views the buffers once
+            from jetflow_sglang.sglang.cpu import ops as cpu_ops
+
+            cpu_ops.POOL_ROWS["rows"] = rows
         if self.ngram is not None:
             self.tokens = SlotTokens(rows, self.device)
         if self.head is not None:
@@ -211,7 +232,11 @@ class JetFlowWorker(BaseSpecWorker):
         pass
 
     def jetflow_server_info(self) -> dict:
-        out = {**self.stats.snapshot(self.pool), "lookup": self.ngram is not None and self.head is not None}
+        out = {**self.stats.snapshot(self.pool), "lookup": self.ngram is not None and self.head is not None,
+               "overlap": self.overlap}
+        if self.syncs is not None:
+            out["host_syncs"] = self.syncs.snapshot()
+            out["host_syncs_per_round"] = out["host_syncs"]["mean_plain"]  # outside grammar and penalty rounds
         if self.adaptive is not None:  # its estimates at the last step's batch size: why it picks what it picks
             out["auto"] = self.adaptive.snapshot(max(1, out["last_batch"]))
         if self.pool is not None:  # head rows in use = target slots in use (running requests + radix cache)
@@ -222,27 +247,45 @@ class JetFlowWorker(BaseSpecWorker):
     def forward_batch_generation(self, batch, on_publish=None, pp_proxy_tensors=None) -> GenerationBatchResult:
         if not batch.forward_mode.is_decode():
             return self._prefill(batch, on_publish, pp_proxy_tensors)
-        t0 = time.perf_counter()
+        if self.syncs is None:
+            return self._decode(batch, on_publish)
+        with self.syncs.round(len(batch.reqs), batch.has_grammar, needs_history(batch.reqs)):
+            return self._decode(batch, on_publish)
+
+    def _decode(self, batch, on_publish) -> GenerationBatchResult:
+        self._read_back()
+        start = self.readback.mark()
         bs = len(batch.reqs)
         budget = broadcast_object_from_rank0(self.adaptive.choose(bs)) if self.adaptive else self.n
         budget = min(budget, self._reserved(batch))
+        batch.max_seq_len_host = max((r.kv.kv_allocated_len for r in batch.reqs), default=0)  # bounds every length
         tree = self._draft(batch, budget)
         broadcast_from_rank0([tree.tokens, tree.parents, tree.depths, tree.sizes])  # TP ranks verify one tree
-        _sync(self.device)
-        t1 = time.perf_counter()
+        drafted = self.readback.mark()
         out, res = self._verify(batch, tree)
         path, bonus = self._accept(batch, tree, out.next_token_logits)
         broadcast_from_rank0([path, bonus])  # ... and accept one path
         result = self._commit(batch, tree, out, res, path, bonus, on_publish)
-        self._fit_reserve(batch, result.new_seq_lens)
-        _sync(self.device)
-        self._observe(path, bs, budget, draft_s=t1 - t0, verify_s=time.perf_counter() - t1)
+        self._lag = tree.tokens.shape[1]
+        if not self.overlap:
+            self._fit_reserve(batch, self._lag)
+        self.readback.push(budget, bs, path, start, drafted)
         return result
 
-    def _fit_reserve(self, batch, new_seq_lens) -> None:
+    def _read_back(self) -> None:
+        """Rounds whose results have reached the host (on a CPU: the last one; on a GPU: those whose copies have
+        completed, never waiting): statistics, and the adaptive budget's feedback at the budget each was run at."""
+        for r in self.readback.ready():
+            self.stats.record(r)
+            if self.adaptive is not None:
+                self.adaptive.observe_batch(r.paths, r.budget, verify_s=r.verify_s, draft_s=r.draft_s)
+
+    def _fit_reserve(self, batch, n: int) -> None:
         """Near a full KV pool, lower the draft tokens SGLang reserves per request for the next step (2x, see
         eagle_prepare_for_decode), down to 1 (plain decoding), instead of letting the scheduler fail with "out of
-        memory even after retracting"; raise it back when there is room. The per-step budget follows (_reserved)."""
+        memory even after retracting"; raise it back when there is room. The per-step budget follows (_reserved).
+        Synchronous scheduling only (host bookkeeping: each request grows by at most this round's n tokens); on the
+        overlap scheduler the reservation stays at 2x the budget, as for SGLang's EAGLE, and SGLang retracts."""
         from sglang.srt.runtime_context import get_spec
 
         alloc = self.token_to_kv_pool_allocator
@@ -250,9 +293,9 @@ class JetFlowWorker(BaseSpecWorker):
         cache = getattr(batch, "tree_cache", None)
         if cache is not None and hasattr(cache, "evictable_size"):
             free += cache.evictable_size()
-        lens = new_seq_lens.tolist()
+        lens = [r.kv.kv_committed_len + n for r in batch.reqs]
         allocated = [r.kv.kv_allocated_len for r in batch.reqs]
-        need = lambda k: sum(max(0, n + 2 * k - a) for n, a in zip(lens, allocated))  # noqa: E731
+        need = lambda k: sum(max(0, m + 2 * k - a) for m, a in zip(lens, allocated))  # noqa: E731
         k = self.n
         while k > 1 and need(k) > free:
             k = max(1, k // 2)
@@ -267,8 +310,10 @@ class JetFlowWorker(BaseSpecWorker):
 
     def _reserved(self, batch) -> int:
         """KV slots SGLang reserved past every request's committed tokens this step (a near-full pool may leave
-        fewer than the budget): the tree may not be larger."""
-        return max(1, min((r.kv.kv_allocated_len - r.kv.kv_committed_len for r in batch.reqs), default=self.n))
+        fewer than the budget): the tree may not be larger. On the overlap scheduler the host's committed lengths
+        lag by the round in flight, which may still take up to its tree size."""
+        lag = self._lag if self.overlap else 0
+        return max(1, min((r.kv.kv_allocated_len - r.kv.kv_committed_len - lag for r in batch.reqs), default=self.n))
 
     @torch.no_grad()
     def _prefill(self, batch, on_publish, pp_proxy_tensors) -> GenerationBatchResult:
@@ -288,30 +333,23 @@ class JetFlowWorker(BaseSpecWorker):
             pos = torch.arange(hidden.shape[0], device=dev) - torch.repeat_interleave(first - start, ext)
             self.pool.write(batch.out_cache_loc, hidden, pos)
         new_seq_lens = batch.seq_lens.clone()
-        accept_tokens = torch.zeros(bs, self.n, dtype=torch.int32, device=self.device)
-        if bs:
-            accept_tokens[:, 0] = res.next_token_ids
         accept_lens = torch.ones(bs, dtype=torch.int32, device=self.device)
         if on_publish is not None:
             on_publish(new_seq_lens)
+        next_ids = res.next_token_ids if bs else torch.zeros(0, dtype=torch.long, device=self.device)
         return GenerationBatchResult(
             logits_output=res.logits_output, next_token_ids=res.next_token_ids,
             can_run_cuda_graph=res.can_run_cuda_graph, accept_lens=accept_lens, new_seq_lens=new_seq_lens,
-            next_draft_input=self._carry(new_seq_lens, accept_tokens.flatten(), accept_lens),
-            speculative_num_draft_tokens=self.n)
-
-    def _carry(self, new_seq_lens, accept_tokens, accept_lens, n=None):
-        return JetFlowVerifyInput(draft_token_num=n or self.n, new_seq_lens=new_seq_lens, accept_tokens=accept_tokens,
-                                  accept_lens=accept_lens)
+            next_draft_input=JetFlowCarry(next_ids.long(), new_seq_lens), speculative_num_draft_tokens=self.n)
 
     # -- draft: one head forward for the batch -> TreeBatch --------------------------------------------------
     @torch.no_grad()
     def _draft(self, batch, budget: int) -> TreeBatch:
-        anchors = torch.tensor([r.output_ids[-1] for r in batch.reqs], dtype=torch.long, device=self.device)
+        anchors = self._anchors(batch)
         if budget <= 1 or (self.head is None and self.ngram is None):  # plain decoding (the ar drafter always)
             return root_only(anchors, 1)
         ctx_lens = batch.seq_lens.to(self.device)  # committed tokens before each anchor
-        max_len = int(batch.seq_lens_cpu.max()) if batch.seq_lens_cpu is not None else int(ctx_lens.max())
+        max_len = batch.max_seq_len_host  # a host bound (forward_batch_generation); positions past ctx_lens are masked
         slots = slots_of(batch.req_to_token_pool.req_to_token, batch.req_pool_indices, ctx_lens, max_len)
         tree = root_only(anchors, budget) if self.head is None else \
             self.head_drafter.draft_batch(anchors, self.pool.gather(slots), ctx_lens, budget)
@@ -319,11 +357,21 @@ class JetFlowWorker(BaseSpecWorker):
             tree = self.ngram.merge_batch(tree, self.tokens.history(slots), ctx_lens, budget)
         return tree
 
+    def _anchors(self, batch) -> torch.Tensor:
+        """Each request's last token: the carry's (on the device; SGLang's FutureMap writes it on the overlap
+        scheduler, where the host's output_ids are a round behind). A batch without one (none is known to reach
+        here) falls back to the host's output_ids, a blocking copy that is right only when synchronous."""
+        carry = batch.spec_info
+        if isinstance(carry, JetFlowCarry) and carry.bonus_tokens is not None \
+                and carry.bonus_tokens.shape[0] == len(batch.reqs):
+            return carry.bonus_tokens.to(self.device, torch.long)
+        return torch.tensor([r.output_ids[-1] for r in batch.reqs], dtype=torch.long, device=self.device)
+
     # -- verify: one TARGET_VERIFY forward --------------------------------------------------------------------
     @torch.no_grad()
     def _verify(self, batch, tree: TreeBatch):
         bs, n = tree.tokens.shape
-        max_len = int(batch.seq_lens_cpu.max()) if self.full_mask else None
+        max_len = batch.max_seq_len_host if self.full_mask else None
         tokens, mask, positions, r_index, r_next, r_sib = verify_tensors(
             tree.tokens, tree.parents, tree.depths, tree.sizes, tree.ancestor_mask(), batch.seq_lens, self.full_mask,
             max_len)
@@ -374,7 +422,7 @@ class JetFlowWorker(BaseSpecWorker):
         if self.pool is not None or self.tokens is not None:  # per-slot rows of the accepted nodes
             cols = torch.arange(n, device=self.device)[None]
             pos = batch.seq_lens.long()[:, None] + cols
-            loc = batch.req_to_token_pool.req_to_token[batch.req_pool_indices.long()[:, None], pos]
+            loc = batch.out_cache_loc.view(bs, n)  # the verify window's slots (req_to_token may be reused by now)
             keep = cols < accept_lens[:, None]  # only accepted rows: the others may hold nothing of this request
             loc = torch.where(keep, loc.long(), torch.zeros_like(loc, dtype=torch.long)).reshape(-1)  # 0: padding
             if self.tokens is not None:
@@ -395,13 +443,4 @@ class JetFlowWorker(BaseSpecWorker):
         return GenerationBatchResult(
             logits_output=out, next_token_ids=accept_tokens, can_run_cuda_graph=res.can_run_cuda_graph,
             accept_lens=accept_lens, new_seq_lens=new_seq_lens,
-            next_draft_input=self._carry(new_seq_lens, accept_tokens, accept_lens, n),
-            speculative_num_draft_tokens=n)
-
-    def _observe(self, path, bs: int, budget: int, draft_s: float, verify_s: float) -> None:
-        """Bookkeeping on the host after the round: statistics and the adaptive budget (device-synchronised times of
-        the draft and of verify + accept + commit)."""
-        lens = (path >= 0).sum(1)
-        self.stats.record(budget, bs, float(lens.float().mean()), draft_s + verify_s)
-        if self.adaptive is not None:
-            self.adaptive.observe_batch(path, budget, verify_s=verify_s, draft_s=draft_s)
+            next_draft_input=JetFlowCarry(bonus.long(), new_seq_lens), speculative_num_draft_tokens=n)

@@ -139,11 +139,11 @@ def running(*servers: Server):
             s.stop()
 
 
-def jetflow_server(target, head, log: Path, budget: int, *extra: str) -> Server:
-    """A float32 JETFLOW server on a tiny target with a tiny head (not started: call wait_ready)."""
+def jetflow_server(target, head, log: Path, budget: int, *extra: str, env: dict | None = None) -> Server:
+    """A float32 JETFLOW server on a tiny target with a tiny head (starting: call wait_ready)."""
     return Server(str(target), ["--dtype", "float32", "--speculative-algorithm", "JETFLOW",
                                 "--speculative-draft-model-path", str(head), "--speculative-num-draft-tokens",
-                                str(budget), *extra], log)
+                                str(budget), *extra], log, env=env)
 
 
 def process_tree_cpu_s(*pids: int, include_self: bool = False) -> float:

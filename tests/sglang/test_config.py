@@ -265,3 +265,38 @@ def test_a_budget_over_the_maximum_is_refused_at_launch(budget, tmp_path):
     errors = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
     assert errors == [f"error: --speculative-num-draft-tokens must be at most 512; got {budget}"], out.stderr[-2000:]
     assert "Traceback" not in out.stderr and time.monotonic() - t0 < 120
+
+
+@pytest.mark.parametrize("device,value,want", [("cpu", None, False), ("cpu", "auto", False), ("cpu", "on", True),
+                                               ("cuda", None, True), ("cuda", "off", False), ("cpu", "0", False)])
+def test_overlap_follows_sglang_on_the_cpu_and_the_switch(device, value, want):
+    """JETFLOW_OVERLAP: auto keeps a CPU server synchronous (as SGLang's own speculative algorithms) and overlaps
+    elsewhere; on/off force it."""
+    a = SimpleNamespace(speculative_draft_model_path=HEADS["causal"], device=device)
+    c = JetFlowServerConfig.from_server_args(a, env={} if value is None else {"JETFLOW_OVERLAP": value})
+    assert c.overlap is want
+
+
+def test_bad_overlap_and_count_switches_are_one_line_errors():
+    for name in ("JETFLOW_OVERLAP", "JETFLOW_COUNT_SYNCS"):
+        with pytest.raises(JetFlowConfigError, match=name):
+            cfg(env={name: "sometimes"})
+    assert cfg(env={"JETFLOW_COUNT_SYNCS": "1"}).count_syncs and not cfg().count_syncs
+
+
+def test_plugin_leaves_overlap_on_when_asked(monkeypatch):
+    """On a CPU with JETFLOW_OVERLAP=on the plugin does not declare disable_overlap_schedule (SGLang's default: off)."""
+    if os.environ.get("JETFLOW_SKIP_SGLANG") == "1":
+        pytest.skip("no SGLang")
+    pytest.importorskip("sglang")
+    from sglang.srt.arg_groups.overrides import record_foreign_defaults, resolving_view
+    from sglang.srt.server_args import ServerArgs
+
+    from jetflow_sglang.sglang.plugin import _spec_class
+
+    for value, disabled in (("on", False), ("off", True)):
+        monkeypatch.setenv("JETFLOW_OVERLAP", value)
+        sa = ServerArgs(model_path=HEADS["causal"], device="cpu", speculative_algorithm="JETFLOW",
+                        speculative_draft_model_path=HEADS["causal"])
+        record_foreign_defaults(sa, "test", _spec_class()("JETFLOW", factory=lambda sa: None).handle_server_args)
+        assert bool(resolving_view(sa).disable_overlap_schedule) is disabled

@@ -205,16 +205,18 @@ def _check_call(c: dict, where: str) -> None:
 
 
 # -- servers and runs -----------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    """(JETFLOW server, plain server) on the default target in float32, started side by side, always killed."""
+@pytest.fixture(scope="module", params=["sync", "overlap"])
+def servers(tmp_path_factory, request):
+    """(JETFLOW server, plain server) on the default target in float32, started side by side, always killed; the
+    JETFLOW worker synchronous (a CPU server's default) or on SGLang's overlap scheduler (JETFLOW_OVERLAP=on)."""
     from jetflow_sglang.paths import default_paths
 
     target, head = default_paths()
     if not (Path(head) / "model.safetensors").is_file():
         pytest.skip(f"no shipped head in {head}")
-    logs = tmp_path_factory.mktemp("sgl_frontend")
-    spec = jetflow_server(target, head, logs / "jetflow.log", BUDGET)
+    logs = tmp_path_factory.mktemp(f"sgl_frontend_{request.param}")
+    spec = jetflow_server(target, head, logs / "jetflow.log", BUDGET,
+                          env={"JETFLOW_OVERLAP": "on" if request.param == "overlap" else "off"})
     plain = Server(target, ["--dtype", "float32"], logs / "plain.log")
     yield from running(spec, plain)
 

@@ -1,10 +1,14 @@
 """End to end: `python -m sglang.launch_server --speculative-algorithm JETFLOW` on a tiny Qwen3 with a tiny
-JetFlow head, on CPU, against HF greedy and against the same server build without speculation."""
+JetFlow head, on CPU, against HF greedy and against the same server build without speculation. Every test runs twice:
+with the worker synchronous (a CPU server's default) and on SGLang's overlap scheduler (JETFLOW_OVERLAP=on, the
+default off the CPU); both servers count their rounds' host synchronisations (JETFLOW_COUNT_SYNCS=1)."""
 from __future__ import annotations
 
 import concurrent.futures as cf
 import os
+import re
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -29,16 +33,18 @@ def models(tmp_path_factory):
     return str(target), str(head)
 
 
-@pytest.fixture(scope="module")
-def servers(models, tmp_path_factory):
-    """(JETFLOW server, plain server) on the same model, started side by side, always killed."""
+@pytest.fixture(scope="module", params=["sync", "overlap"])
+def servers(models, tmp_path_factory, request):
+    """(JETFLOW server, plain server) on the same model, started side by side, always killed; the JETFLOW worker
+    synchronous or on SGLang's overlap scheduler."""
     target, head = models
-    logs = tmp_path_factory.mktemp("sgl_logs")
+    logs = tmp_path_factory.mktemp(f"sgl_logs_{request.param}")
     spec = Server(target, ["--dtype", "float32", "--speculative-algorithm", "JETFLOW",
                            "--speculative-draft-model-path", head, "--speculative-num-draft-tokens", "6",
                            "--chunked-prefill-size", "64",  # long prompts arrive in chunks: head rows must add up
                            "--max-running-requests", "8"],  # the radix cache stays on (SGLang's default)
-                  logs / "jetflow.log")  # a fixed budget: accept lengths are deterministic (auto: test_sglang_serving)
+                  logs / "jetflow.log",  # a fixed budget: accept lengths are deterministic (auto: test_sglang_serving)
+                  env={"JETFLOW_OVERLAP": "on" if request.param == "overlap" else "off", "JETFLOW_COUNT_SYNCS": "1"})
     plain = Server(target, ["--dtype", "float32", "--max-running-requests", "8"], logs / "plain.log")
     yield from running(spec, plain)
 
@@ -196,6 +202,44 @@ def test_step_stats_in_server_info(servers):
     assert state["steps"] > 0 and state["last_budget"] == 6
     assert state["lookup"] is True  # JETFLOW_LOOKUP=auto on a CPU server: every test here runs merged trees
     assert all(1.0 <= a <= 6 for a in state["recent_accept_lens"])
+
+
+DOCUMENTED_SYNCS = re.compile(r"host synchronisations per steady-state decode\s+round: (\d+) on the overlap "
+                              r"scheduler; on the synchronous path (\d+)")
+
+
+def test_scheduler_mode(servers, request):
+    """The overlap server really runs on SGLang's overlap scheduler, the synchronous one really does not."""
+    spec, _ = servers
+    info = requests.get(spec.url + "/server_info", timeout=30).json()
+    overlap = request.node.callspec.params["servers"] == "overlap"
+    assert info["disable_overlap_schedule"] is (not overlap)
+    assert _jetflow_state(spec)["overlap"] is overlap
+
+
+def test_steady_state_rounds_do_not_wait_for_the_device(servers, tok, request):
+    """A batch of 4 (2 greedy, 2 sampled; trees of up to 6 nodes with prompt lookup) decodes with no more host
+    synchronisations per round than docs/SGLANG.md states (item/tolist/cpu, tensor truth tests and casts, host-to-
+    device copies of Python data: host_syncs.py); a penalty request's rounds, exempt, are seen to synchronise, so the
+    counter counts."""
+    spec, _ = servers
+    found = DOCUMENTED_SYNCS.search((Path(__file__).parents[2] / "docs" / "SGLANG.md").read_text())
+    stated = int(found.group(1 if request.node.callspec.params["servers"] == "overlap" else 2))
+    bodies = [dict(input_ids=tok(p).input_ids, sampling_params={
+        "max_new_tokens": 48, "ignore_eos": True, **({"temperature": 0} if i % 2 else {"temperature": 1.0,
+                                                                                       "top_p": 0.9})})
+        for i, p in enumerate(PROMPTS)]
+    with cf.ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda b: spec.generate(**b), bodies))
+    rounds = _jetflow_state(spec)["host_syncs"]["recent"]
+    full = [r for r in rounds if r["batch"] == 4 and not (r["grammar"] or r["penalties"])]
+    assert len(full) >= 5, rounds
+    worst = max(full, key=lambda r: r["syncs"])
+    assert worst["syncs"] <= stated, worst
+    spec.generate(input_ids=bodies[1]["input_ids"], sampling_params={"max_new_tokens": 8, "temperature": 0,
+                                                                     "frequency_penalty": 0.5})
+    pen = [r for r in _jetflow_state(spec)["host_syncs"]["recent"] if r["penalties"]]
+    assert pen and all(r["syncs"] > 0 for r in pen), pen
 
 
 class _SGLangPenalties:

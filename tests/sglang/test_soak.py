@@ -30,7 +30,8 @@ def _script(name: str):
     return mod
 
 
-def test_soak_40_requests(tmp_path, monkeypatch):
+@pytest.mark.parametrize("overlap", ["off", "on"])
+def test_soak_40_requests(tmp_path, monkeypatch, overlap):
     soak_server = _script("soak_server")
 
     # SGLang compiles two sampling helpers with torch.compile on first use (repetition penalty, seeded sampling): a
@@ -42,6 +43,7 @@ def test_soak_40_requests(tmp_path, monkeypatch):
     rc = soak_server.main(["--target", str(target), "--head", str(head), "--requests", "40", "--concurrency", "8",
                            "--max-new-tokens", "24", "--max-prompt-chars", "160",  # the tiny model's context: 512
                            "--max-total-tokens", "4096", "--max-minutes", "8", "--sample-s", "2", "--together",
+                           "--overlap", overlap,
                            "--out", str(out)])
     res = json.loads(out.with_suffix(".json").read_text())
     assert res["errors"] == [], res["errors"]

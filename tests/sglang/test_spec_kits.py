@@ -166,6 +166,7 @@ def plain_once(key, fn):
 class _JetflowServer(CpuServerBase):
     __test__ = False
     budget_env: str | None = None  # None: the server's default budget
+    overlap = False  # True: SGLang's overlap scheduler (JETFLOW_OVERLAP=on; a CPU server is synchronous by default)
     name = "JETFLOW"
     extra_args: tuple[str, ...] = ()
     uses_plain = False  # whether the class compares against the plain reference
@@ -188,7 +189,8 @@ class _JetflowServer(CpuServerBase):
 
     @classmethod
     def server_env(cls):
-        return {} if cls.budget_env is None else {"JETFLOW_BUDGET": cls.budget_env}
+        env = {} if cls.budget_env is None else {"JETFLOW_BUDGET": cls.budget_env}
+        return {**env, "JETFLOW_OVERLAP": "on"} if cls.overlap else env
 
     @classmethod
     def server_unset(cls):
@@ -409,3 +411,20 @@ class TestKitsBudget8(_JetflowKits):
 class TestTinyKitsBudget8(_TinyKits):
     __test__ = True
     budget_env = "8"
+
+
+# The same kits with the worker on SGLang's overlap scheduler (the default off the CPU).
+class TestKitsOverlapDefaultBudget(TestKitsDefaultBudget):
+    overlap = True
+
+
+class TestTinyKitsOverlapDefaultBudget(TestTinyKitsDefaultBudget):
+    overlap = True
+
+
+class TestKitsOverlapBudget8(TestKitsBudget8):
+    overlap = True
+
+
+class TestTinyKitsOverlapBudget8(TestTinyKitsBudget8):
+    overlap = True

@@ -24,17 +24,19 @@ import sglang  # noqa: E402,F401
 
 pytestmark = pytest.mark.slow
 NEW = 20
-# (budget, page size) per JETFLOW server: one-node trees, small trees, and full trees on 16-token pages
-SERVERS = {"Llama": [(1, 1), (4, 1), (16, 16)], "Qwen3": [(1, 16), (4, 16), (16, 1)]}
+# (budget, page size, overlap) per JETFLOW server: one-node trees, small trees, and full trees on 16-token pages; one
+# server per family on SGLang's overlap scheduler (JETFLOW_OVERLAP=on)
+SERVERS = {"Llama": [(1, 1, False), (4, 1, False), (16, 16, True)], "Qwen3": [(1, 16, False), (4, 16, True),
+                                                                           (16, 1, False)]}
 PROMPTS = ["The quick brown fox jumps over", "def fib(n):\n    return", "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15"]
 BACKEND = ["--attention-backend", "jetflow_tree_triton"]
 
 
-def _jetflow(target, head, log, budget: int, page: int) -> Server:
+def _jetflow(target, head, log, budget: int, page: int, overlap: bool) -> Server:
     return Server(str(target), ["--dtype", "float32", "--speculative-algorithm", "JETFLOW",
                                 "--speculative-draft-model-path", str(head), "--speculative-num-draft-tokens",
                                 str(budget), "--page-size", str(page), *BACKEND],
-                  log, env={"TRITON_INTERPRET": "1"})
+                  log, env={"TRITON_INTERPRET": "1", "JETFLOW_OVERLAP": "on" if overlap else "off"})
 
 
 @pytest.fixture(scope="module", params=list(SERVERS))
@@ -43,7 +45,7 @@ def family(request, tmp_path_factory):
     target = _build_tiny(root / "target", request.param, 0)
     head = build_tiny_head(target, root / "head")
     plain = Server(str(target), ["--dtype", "float32"], root / "plain.log")
-    spec = [_jetflow(target, head, root / f"jetflow-b{b}-p{p}.log", b, p) for b, p in SERVERS[request.param]]
+    spec = [_jetflow(target, head, root / f"jetflow-b{b}-p{p}.log", b, p, o) for b, p, o in SERVERS[request.param]]
     for servers in running(plain, *spec):
         yield request.param, target, servers[0], servers[1:]
 
@@ -64,7 +66,7 @@ def test_triton_backend_is_token_identical_to_the_plain_server(family):
     name, target, plain, spec = family
     ids = _ids(target)
     want = [o["output_ids"] for o in _batch(plain, ids)]
-    for srv, (budget, page) in zip(spec, SERVERS[name]):
+    for srv, (budget, page, _) in zip(spec, SERVERS[name]):
         got = _batch(srv, ids)
         assert [o["output_ids"] for o in got] == want, (name, budget, page)
         if budget > 1:  # SGLang reports spec statistics only when drafts were proposed (budget > 1)
@@ -80,7 +82,7 @@ def test_triton_backend_radix_hit_is_token_identical(family):
     longer = ids[2] + ids[0]  # shares the third prompt as a prefix: served from the radix cache
     want = plain.generate(input_ids=longer, sampling_params={"max_new_tokens": NEW, "temperature": 0,
                                                               "ignore_eos": True})["output_ids"]
-    for srv, (budget, page) in zip(spec, SERVERS[name]):
+    for srv, (budget, page, _) in zip(spec, SERVERS[name]):
         srv.generate(input_ids=ids[2], sampling_params={"max_new_tokens": 2, "temperature": 0})  # warm the prefix
         out = srv.generate(input_ids=longer, sampling_params={"max_new_tokens": NEW, "temperature": 0,
                                                                "ignore_eos": True})
@@ -98,7 +100,7 @@ def test_triton_backend_serves_a_mixed_greedy_and_sampled_batch(family):
     sampled = {"max_new_tokens": NEW, "temperature": 1.0, "top_p": 0.9, "ignore_eos": True}
     want = plain.generate(input_ids=ids[0], sampling_params=greedy)["output_ids"]
     vocab = json.loads((target / "config.json").read_text())["vocab_size"]
-    for srv, (budget, page) in zip(spec, SERVERS[name]):
+    for srv, (budget, page, _) in zip(spec, SERVERS[name]):
         got = srv.generate(input_ids=ids, sampling_params=[greedy, sampled])
         assert got[0]["output_ids"] == want, (name, budget, page)
         assert len(got[1]["output_ids"]) == NEW and all(0 <= t < vocab for t in got[1]["output_ids"]), \

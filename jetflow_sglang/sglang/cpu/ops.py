@@ -29,16 +29,22 @@ def enabled() -> bool:
 # ---------------------------------------------------------------------------------------------------------
 # pure-torch versions of the sgl_kernel CPU ops (same argument order as the C++ ops; outputs written in place)
 # ---------------------------------------------------------------------------------------------------------
-def _rows(req_to_token, req_pool_indices, start, end):
-    """Concatenation over requests i of req_to_token[req_pool_indices[i], start[i]:end[i]]."""
-    pieces = [req_to_token[int(r), int(s):int(e)]
-              for r, s, e in zip(req_pool_indices.tolist(), start.tolist(), end.tolist())]
-    return torch.cat(pieces) if pieces else req_to_token.new_empty(0)
+def _rows(req_to_token, req_pool_indices, start, end, size: int):
+    """Concatenation over requests i of req_to_token[req_pool_indices[i], start[i]:end[i]], as `size` entries
+    (past the total: 0), computed on the device without reading the lengths on the host."""
+    lens = (end - start).long()
+    cum = torch.cumsum(lens, 0)
+    pos = torch.arange(size, device=lens.device)
+    req = torch.searchsorted(cum, pos, right=True)
+    live = req < lens.numel()
+    req = req.clamp(max=max(lens.numel() - 1, 0))
+    col = start.long()[req] + pos - (cum - lens)[req]
+    vals = req_to_token[req_pool_indices.long()[req], col.clamp(0, req_to_token.shape[1] - 1)]
+    return torch.where(live, vals, torch.zeros_like(vals))
 
 
 def assign_extend_cache_locs_cpu(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len):
-    vals = _rows(req_to_token, req_pool_indices, start_offset, end_offset)
-    out_cache_loc[: vals.numel()] = vals.to(out_cache_loc.dtype)
+    out_cache_loc.copy_(_rows(req_to_token, req_pool_indices, start_offset, end_offset, out_cache_loc.numel()))
 
 
 def assign_req_to_token_pool_cpu(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len):
@@ -52,8 +58,7 @@ def assign_req_to_token_pool_cpu(req_pool_indices, req_to_token, start_offset, e
 def assign_draft_cache_locs_contiguous_cpu(req_pool_indices, req_to_token, seq_lens, out_cache_loc, topk, num_steps,
                                            *_):
     n = topk * num_steps
-    vals = _rows(req_to_token, req_pool_indices, seq_lens, seq_lens + n)
-    out_cache_loc[: vals.numel()] = vals.to(out_cache_loc.dtype)
+    out_cache_loc.copy_(_rows(req_to_token, req_pool_indices, seq_lens, seq_lens + n, out_cache_loc.numel()))
 
 
 def fill_accept_out_cache_loc_cpu(accept_index, out_cache_loc, accept_out_cache_loc):
@@ -69,17 +74,31 @@ def fill_bonus_tokens_cpu(accept_tokens, accept_lens, bonus_tokens, accept_strid
     bonus_tokens[:bs] = accept_tokens.reshape(-1)[idx].to(bonus_tokens.dtype)
 
 
+_VIEWS: dict = {}  # id of the pool's pointer tensor -> (that tensor, its buffers as uint8 [rows, stride] views)
+POOL_ROWS: dict = {"rows": None}  # rows of every KV buffer, set by the JETFLOW worker at pool allocation
+
+
+def _buffer_views(data_ptrs, strides, rows: int):
+    """The KV buffers behind SGLang's raw pointers, built once per pool (the pointers never change)."""
+    hit = _VIEWS.get(id(data_ptrs))
+    if hit is None or hit[0] is not data_ptrs or hit[1][0].shape[0] < rows:
+        views = []
+        for ptr, stride in zip(data_ptrs.tolist(), strides.tolist()):
+            buf = (ctypes.c_uint8 * (rows * int(stride))).from_address(int(ptr))
+            views.append(torch.frombuffer(buf, dtype=torch.uint8).view(rows, int(stride)))
+        hit = _VIEWS[id(data_ptrs)] = (data_ptrs, views)
+    return hit[1]
+
+
 def copy_all_layer_kv_cache_cpu(data_ptrs, strides, tgt_loc, src_loc):
     """Copy KV rows src_loc -> tgt_loc in every buffer. The pool passes raw data pointers and row strides
-    (bytes), so each buffer is viewed as uint8 [rows, stride] straight from its pointer. Gather before scatter,
-    so overlapping src/tgt sets behave like a move."""
+    (bytes), so each buffer is viewed as uint8 [rows, stride] straight from its pointer (once per pool, when the
+    worker has told the row count). Gather before scatter, so overlapping src/tgt sets behave like a move."""
     if tgt_loc.numel() == 0:
         return
     tgt, src = tgt_loc.long(), src_loc.long()
-    rows = int(max(tgt.max(), src.max())) + 1
-    for ptr, stride in zip(data_ptrs.tolist(), strides.tolist()):
-        buf = (ctypes.c_uint8 * (rows * int(stride))).from_address(int(ptr))
-        view = torch.frombuffer(buf, dtype=torch.uint8).view(rows, int(stride))
+    rows = POOL_ROWS["rows"] or int(max(tgt.max(), src.max())) + 1
+    for view in _buffer_views(data_ptrs, strides, rows):
         view[tgt] = view[src]
 
 
