@@ -1,4 +1,5 @@
-"""Serving benchmark: SGLang without speculation, JETFLOW (fixed budgets and auto) and SGLang's own NGRAM, same build.
+"""Serving benchmark: SGLang without speculation, JETFLOW (fixed budgets and auto), SGLang's own NGRAM and SGLang's own
+DFLASH, same build.
 
 For each server configuration it starts `python -m sglang.launch_server` on 127.0.0.1 and runs two workloads:
   mixed          GSM8K and MT-Bench chat prompts (interleaved), at every concurrency level
@@ -10,6 +11,14 @@ server's (`spec_accept_length` in meta_info). Results: <out>.json, <out>.md and 
     python scripts/bench_serving.py                          # default SmolLM2 + shipped head, CPU, all configs
     python scripts/bench_serving.py --configs nospec jetflow-b8 --concurrency 1 4 --requests 16
     python scripts/bench_serving.py --burst 3 ...            # every level starts with 3 s of load on every core
+    python scripts/bench_serving.py --dflash-head DIR --dflash-blocks 8,16 \
+        --configs nospec jetflow-default dflash-b8 dflash-b16 jetflow-dflash-b16   # SGLang's DFLASH beside JETFLOW
+
+dflash-bN: SGLang's own DFLASH with block size N on a DFlash release-layout head (--dflash-head; default: an export of
+the shipped bidirectional head, where it can be exported), made to run on the CPU by
+jetflow_sglang/sglang/cpu/dflash_peer.py (JETFLOW_BENCH_DFLASH_PEER=1 in those servers' environment only).
+jetflow-dflash-bN: JETFLOW on the same head with JETFLOW_DRAFTER=dflash, lookup off and a fixed budget N: the same
+drafts, so it accepts what dflash-bN accepts (tests/sglang/test_dflash_peer.py) and the two differ in serving cost only.
 
 A round that other processes slowed (their CPU over --max-foreign-cpu of a core) is run again, up to --retries
 times; the discarded rounds stay in the JSON. --burst makes that load on purpose, the same for every configuration,
@@ -51,7 +60,8 @@ def _bf16_isa() -> str:
 CONFIGS = ("nospec", "jetflow-b8", "jetflow-b16", "jetflow-default", "jetflow-auto", "ngram")  # the default run
 EXTRA = ("jetflow-b1",  # JETFLOW's plain step alone (budget 1: no head forward, a one-node verify)
          "jetflow-b2", "jetflow-b4",  # small fixed trees (what `auto` picks at larger batches)
-         "jetflow-auto-nolookup", "jetflow-b8-nolookup", "jetflow-b16-nolookup")  # JETFLOW_LOOKUP=off (the head alone)
+         "jetflow-auto-nolookup", "jetflow-b8-nolookup", "jetflow-b16-nolookup",  # JETFLOW_LOOKUP=off (the head alone)
+         "jetflow-default-overlap", "jetflow-b8-overlap")  # on SGLang's overlap scheduler (JETFLOW_OVERLAP=on)
 SYSTEM = ("You are a careful assistant for a school. Answer the question that follows. Explain every step of your "
           "reasoning in plain words, check each number twice, keep units consistent, and end with a short summary "
           "sentence that states the final answer. Be polite and concise, avoid jargon, and never invent facts. ")
@@ -80,9 +90,35 @@ def system_prompt(tok, n_tokens: int) -> str:
     return tok.decode(ids)
 
 
-def config_args(name: str, head: str | None, drafter: str) -> tuple[list[str], dict]:
+DFLASH_PEER_ENV = {"JETFLOW_BENCH_DFLASH_PEER": "1"}  # cpu/dflash_peer.py: SGLang's DFLASH on the CPU, these servers only
+
+
+def dflash_block(name: str) -> int | None:
+    """N of a `dflash-bN` / `jetflow-dflash-bN` config, else None."""
+    for prefix in ("dflash-b", "jetflow-dflash-b"):
+        if name.startswith(prefix) and name[len(prefix):].isdigit():
+            return int(name[len(prefix):])
+    return None
+
+
+def config_args(name: str, head: str | None, drafter: str, dflash_head: str | None = None) -> tuple[list[str], dict]:
+    """(server flags, server environment) of a configuration. dflash_head: the DFlash release-layout head of the
+    dflash-bN and jetflow-dflash-bN configs."""
+    block = dflash_block(name)
+    if block is not None:
+        if not dflash_head:
+            raise ValueError(f"{name} needs a DFlash release-layout head (--dflash-head DIR)")
+        if name.startswith("dflash-b"):  # SGLang's own DFLASH; its target verifies through JetFlow's tree backend
+            return ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", dflash_head,
+                    "--speculative-num-draft-tokens", str(block), "--attention-backend", "jetflow_tree_native"], \
+                dict(DFLASH_PEER_ENV)
+        return ["--speculative-algorithm", "JETFLOW", "--speculative-draft-model-path", dflash_head,  # same drafts
+                "--speculative-num-draft-tokens", str(block)], {"JETFLOW_DRAFTER": "dflash", "JETFLOW_LOOKUP": "off",
+                                                                "JETFLOW_COUNT_SYNCS": "1"}
     head_args = ["--speculative-draft-model-path", head] if head and drafter not in ("ngram", "ar") else []
-    env = {"JETFLOW_DRAFTER": drafter}
+    env = {"JETFLOW_DRAFTER": drafter, "JETFLOW_COUNT_SYNCS": "1"}  # host syncs per round, in the report
+    if name.endswith("-overlap"):  # the worker on SGLang's overlap scheduler (a CPU server is synchronous otherwise)
+        name, env = name.removesuffix("-overlap"), {**env, "JETFLOW_OVERLAP": "on"}
     if name.endswith("-nolookup"):  # without it JETFLOW_LOOKUP is auto: on for a CPU server
         name, env = name.removesuffix("-nolookup"), {**env, "JETFLOW_LOOKUP": "off"}
     if name == "nospec":
@@ -116,7 +152,8 @@ def stream_one(url: str, ids: list[int], max_tokens: int) -> dict:
     n = int(last_meta.get("completion_tokens", 0))
     return {"ttft": first if first is not None else e2e, "e2e": e2e, "tokens": n,
             "itl": (e2e - (first or e2e)) / (n - 1) if n > 1 else 0.0,
-            "accept": last_meta.get("spec_accept_length"), "cached": last_meta.get("cached_tokens", 0)}
+            "accept": last_meta.get("spec_accept_length"), "verify_ct": last_meta.get("spec_verify_ct"),
+            "cached": last_meta.get("cached_tokens", 0)}
 
 
 def run_level(srv: Server, prompts: list[list[int]], concurrency: int, max_tokens: int) -> tuple[list[dict], float]:
@@ -138,7 +175,15 @@ def summarize(concurrency: int, res: list[dict], wall: float) -> dict:
             "itl_mean_ms": round(1000 * statistics.mean(x["itl"] for x in res), 3),
             "e2e_mean_s": mean("e2e"), "e2e_p50_s": p50("e2e"), "e2e_max_s": round(max(x["e2e"] for x in res), 4),
             "accept_length": round(statistics.mean(acc), 3) if acc else None,
+            "tokens_per_verify": tokens_per_verify(res),
             "cached_tokens_mean": round(statistics.mean(x["cached"] for x in res), 1)}
+
+
+def tokens_per_verify(res: list[dict]) -> float | None:
+    """Output tokens per target verify step over the requests that report verify steps (SGLang's spec_verify_ct;
+    the same ratio as its spec_accept_length, pooled over requests), None without speculation."""
+    rows = [x for x in res if x.get("verify_ct")]
+    return round(sum(x["tokens"] for x in rows) / sum(x["verify_ct"] for x in rows), 3) if rows else None
 
 
 class Burst:
@@ -227,8 +272,57 @@ def server_state(srv: Server) -> dict:
         info = requests.get(srv.url + "/server_info", timeout=30).json()
         st = info["internal_states"][0]
         return {"avg_spec_accept_length": st.get("avg_spec_accept_length"), "jetflow": st.get("jetflow")}
-    except (requests.RequestException, KeyError, IndexError, ValueError):
+    except (requests.RequestException, KeyError, IndexError, ValueError, TypeError):
         return {}
+
+
+JETFLOW_ROUND_FIELDS = ("host_syncs_per_round", "round_split")  # the JETFLOW worker's per-round cost, where it has them
+
+
+def jetflow_round_fields(state: dict) -> dict:
+    """The JETFLOW worker's per-round cost fields from a server_state() (absent fields are left out)."""
+    jet = state.get("jetflow") if isinstance(state, dict) else None
+    return {k: jet[k] for k in JETFLOW_ROUND_FIELDS if isinstance(jet, dict) and k in jet}
+
+
+def dflash_head_dir(given: str | None, shipped_head: str | None, target: str, workdir: Path) -> tuple[str | None, str]:
+    """(the DFlash release-layout head of the dflash configs, or None; why not). `given`: --dflash-head, checked to
+    be a bidirectional DFlash-layout folder. Without it: an export of the shipped bidirectional head
+    (jetflow_sglang.head.export), where the exporter exists and accepts that head."""
+    if given:
+        from jetflow_sglang.head.config import read_config
+        from jetflow_sglang.head.formats import DFLASH, detect_format
+
+        cfg_path = Path(given) / "config.json"
+        if not cfg_path.is_file():
+            raise ValueError(f"--dflash-head {given}: no config.json there")
+        raw = read_config(cfg_path)
+        if detect_format(raw, str(cfg_path)) != DFLASH:
+            raise ValueError(f"--dflash-head {given}: not a DFlash release-layout head (architectures "
+                             f"{raw.get('architectures')!r}); export one with `jetflow export-head --format dflash`")
+        if (raw.get("dflash_config") or {}).get("causal_head") or raw.get("is_causal"):
+            raise ValueError(f"--dflash-head {given}: a causal head; the dflash configs compare DFlash's bidirectional "
+                             "drafting (jetflow-dflash-bN drafts with JETFLOW_DRAFTER=dflash): pass a bidirectional "
+                             "release-layout head")
+        return given, ""
+    from jetflow_sglang.paths import bidir_dir
+
+    src = bidir_dir(shipped_head) if shipped_head else None
+    if src is None or not (src / "config.json").is_file():
+        return None, "no bidirectional head beside the JetFlow head to export; pass --dflash-head DIR (a DFlash " \
+                     "release-layout head)"
+    try:
+        from jetflow_sglang.head.export import export_head
+    except ImportError:
+        return None, "this checkout has no head exporter (jetflow_sglang.head.export); pass --dflash-head DIR (a " \
+                     "DFlash release-layout head)"
+    out = workdir / "dflash-head"
+    try:
+        export_head(str(src), str(out), "dflash", target_dir=target)
+    except Exception as e:  # noqa: BLE001 - the exporter's refusal is the user's one line
+        return None, f"{src} cannot be exported to the DFlash layout ({' '.join(str(e).split())[:400]}); pass " \
+                     "--dflash-head DIR (a DFlash release-layout head)"
+    return str(out), ""
 
 
 def write_report(out: Path, meta: dict, results: list[dict], failures: dict) -> str:
@@ -259,6 +353,7 @@ def write_report(out: Path, meta: dict, results: list[dict], failures: dict) -> 
                      f"{spread} | "
                      f"{r['ttft_mean_s']:.3f} | {r['itl_mean_ms']:.1f} | {r['e2e_mean_s']:.2f} | {r['e2e_p50_s']:.2f} "
                      f"| {r['e2e_max_s']:.2f} | {acc} | {r['cached_tokens_mean']:.0f} | {_others(r)} |")
+    lines += round_table(results)
     lines += ["", "All servers run at once with `--sleep-on-idle`; each level runs every configuration back to back, "
               "in an order that rotates from level to level, and starts with a flushed cache.",
               "", "Others' CPU: CPU seconds that the other (idle) servers / everything else on the machine used while "
@@ -281,6 +376,31 @@ def write_report(out: Path, meta: dict, results: list[dict], failures: dict) -> 
     out.with_suffix(".md").write_text(text)
     _plot(out.with_suffix(".png"), results)
     return text
+
+
+def round_table(results: list[dict]) -> list[str]:
+    """Per configuration, level and round: output tok/s, its ratio to nospec's same round, tokens per verify step,
+    and the JETFLOW worker's host syncs per round and round split where the server reports them."""
+    base = {(r["workload"], r["concurrency"]): r.get("round_tok_per_s") or [] for r in results
+            if r["config"] == "nospec"}
+    lines = ["", "Per round (rounds run back to back, every configuration once per round, so a round's ratio compares "
+             "servers under the same machine state):", "",
+             "| workload | config | conc. | round | output tok/s | vs nospec | tokens/verify | host syncs/round | "
+             "round split |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        tps = r.get("round_tok_per_s") or []
+        tpv = r.get("round_tokens_per_verify") or []
+        jet = r.get("round_jetflow") or []
+        b = base.get((r["workload"], r["concurrency"]), [])
+        for i, x in enumerate(tps):
+            ratio = f"{x / b[i]:.2f}x" if i < len(b) and b[i] > 0 and r["config"] != "nospec" else "-"
+            v = tpv[i] if i < len(tpv) else None
+            j = jet[i] if i < len(jet) else {}
+            split = j.get("round_split")
+            lines.append(f"| {r['workload']} | {r['config']} | {r['concurrency']} | {i + 1} | {x:.1f} | {ratio} | "
+                         f"{'-' if v is None else f'{v:.2f}'} | {j.get('host_syncs_per_round', '-')} | "
+                         f"{'-' if split is None else json.dumps(split, separators=(',', ':'))} |")
+    return lines
 
 
 def _others(r: dict) -> str:
@@ -326,7 +446,15 @@ def main(argv=None) -> int:
     ap.add_argument("--model", help="target folder (default: the converted SmolLM2-135M-Instruct)")
     ap.add_argument("--head", help="JetFlow head folder (default: the shipped head)")
     ap.add_argument("--drafter", default=None, help="JETFLOW_DRAFTER (default: jetflow with a head, else ngram)")
-    ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS + EXTRA)
+    ap.add_argument("--configs", nargs="+", default=None,
+                    help=f"default: {' '.join(CONFIGS)} and dflash-bN for every --dflash-blocks N; also "
+                         f"{' '.join(EXTRA)}, dflash-bN (SGLang's DFLASH, block N) and jetflow-dflash-bN (JETFLOW "
+                         "drafting DFLASH's chain on the same head, lookup off, budget N)")
+    ap.add_argument("--dflash-head", help="DFlash release-layout head of the dflash configs (default: an export of "
+                                          "the shipped bidirectional head, where it can be exported)")
+    ap.add_argument("--dflash-blocks", default="8,16",
+                    help="block sizes of the default run's dflash-bN configs, comma-separated (default 8,16; '' for "
+                         "none)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--prefix-concurrency", type=int, nargs="*", default=[1, 4],
                     help="concurrency levels of the shared-prefix workload (none: skip it)")
@@ -354,6 +482,18 @@ def main(argv=None) -> int:
         ap.error("concurrency, requests, max-tokens, threads and rounds must be >= 1")
     if a.burst < 0 or a.max_foreign_cpu <= 0 or a.retries < 0:
         ap.error("--burst and --retries must be >= 0 and --max-foreign-cpu > 0")
+    try:
+        blocks = [int(x) for x in a.dflash_blocks.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--dflash-blocks must be comma-separated integers; got {a.dflash_blocks!r}")
+    if any(not 2 <= n <= 64 for n in blocks):
+        ap.error(f"--dflash-blocks must be between 2 and 64; got {a.dflash_blocks!r}")
+    explicit = a.configs is not None
+    a.configs = list(dict.fromkeys(a.configs if explicit else [*CONFIGS, *(f"dflash-b{n}" for n in blocks)]))
+    bad = [c for c in a.configs if c not in CONFIGS + EXTRA and not 2 <= (dflash_block(c) or 0) <= 64]
+    if bad:
+        ap.error(f"unknown config(s) {' '.join(bad)}; choose from {' '.join(CONFIGS + EXTRA)}, dflash-bN, "
+                 "jetflow-dflash-bN (N in 2..64)")
 
     from transformers import AutoTokenizer
 
@@ -366,6 +506,19 @@ def main(argv=None) -> int:
     model = a.model or target
     head = a.head or (shipped if (Path(shipped) / "config.json").is_file() else None)
     drafter = a.drafter or ("jetflow" if head else "ngram")
+    failures = {}
+    dflash_head, dflash_names = None, [c for c in a.configs if dflash_block(c) is not None]
+    if dflash_names:
+        try:
+            dflash_head, why = dflash_head_dir(a.dflash_head, head, model, Path(tempfile.mkdtemp(prefix="jetflow-bench-")))
+        except ValueError as e:
+            ap.error(str(e))
+        if dflash_head is None and explicit:
+            ap.error(f"{' '.join(dflash_names)}: {why}")
+        if dflash_head is None:  # the default run goes on without them, and says so in the report
+            print(f"warning: {' '.join(dflash_names)} will not run: {why}", file=sys.stderr)
+            failures.update({n: f"not started: {why}" for n in dflash_names})
+            a.configs = [c for c in a.configs if c not in dflash_names]
     tok = AutoTokenizer.from_pretrained(model)
     mixed = [chat_ids(tok, [{"role": "user", "content": p}]) for p in load_prompts(a.requests)]
     sys_text = system_prompt(tok, a.prefix_tokens)
@@ -382,13 +535,12 @@ def main(argv=None) -> int:
               f"again (--retries) or flagged in the report. An idle SGLang server started without --sleep-on-idle "
               f"busy-polls a whole core.", file=sys.stderr)
     logs = Path(tempfile.mkdtemp(prefix="jetflow-bench-"))  # server logs stay out of the results folder
-    failures = {}
     levels = [(wname, prompts, c) for wname, prompts, levels_c in workloads for c in levels_c]
     common = ["--dtype", dtype, "--max-total-tokens", str(a.max_total_tokens),
               "--max-running-requests", str(max(a.concurrency + a.prefix_concurrency))]
     servers = {}  # every configuration's server runs at once (asleep when idle), so each level runs them back to back
     for name in tqdm(a.configs, desc="servers", unit="server"):
-        args, env = config_args(name, head, drafter)
+        args, env = config_args(name, head, drafter, dflash_head)
         srv = Server(model, [*common, *args], logs / f"{name}.log", env={**env, "OMP_NUM_THREADS": str(a.threads)})
         try:
             srv.wait_ready()
@@ -402,6 +554,8 @@ def main(argv=None) -> int:
     rounds_tps: dict[tuple[str, str, int], list[float]] = {}  # (config, workload, c) -> output tok/s of each round
     rounds_cpu: dict[tuple[str, str, int], list[dict]] = {}  # (config, workload, c) -> where the CPU went, per round
     discarded: dict[tuple[str, str, int], list[dict]] = {}  # rounds run again because foreign load slowed them
+    rounds_tpv: dict[tuple[str, str, int], list] = {}  # (config, workload, c) -> tokens per verify of each round
+    rounds_jet: dict[tuple[str, str, int], list[dict]] = {}  # (config, workload, c) -> JETFLOW per-round cost fields
     try:
         for k, (wname, prompts, c) in enumerate(level for _ in range(a.rounds) for level in levels):
             names = [n for n in a.configs if n in servers]
@@ -425,8 +579,11 @@ def main(argv=None) -> int:
                             {"tok_per_s": round(sum(x["tokens"] for x in recs) / wall, 3), **cpu})
                     rounds_cpu.setdefault((name, wname, c), []).append(cpu)
                     old_recs, old_wall, _ = pooled.get((name, wname, c), ([], 0.0, {}))
-                    pooled[(name, wname, c)] = (old_recs + recs, old_wall + wall, server_state(srv))
+                    state = server_state(srv)
+                    pooled[(name, wname, c)] = (old_recs + recs, old_wall + wall, state)
                     rounds_tps.setdefault((name, wname, c), []).append(sum(x["tokens"] for x in recs) / wall)
+                    rounds_tpv.setdefault((name, wname, c), []).append(tokens_per_verify(recs))
+                    rounds_jet.setdefault((name, wname, c), []).append(jetflow_round_fields(state))
                 except requests.RequestException as e:  # the server died mid-run: say why, keep the others
                     failures[name] = f"{type(e).__name__} at {wname} c={c}; server: {_last_error(srv.log)}"
                     servers.pop(name).stop()
@@ -439,13 +596,21 @@ def main(argv=None) -> int:
                 **summarize(c, recs, wall), "round_tok_per_s": [round(x, 3) for x in rounds_tps[(name, wname, c)]],
                 "round_cpu": rounds_cpu.get((name, wname, c), []),
                 "discarded_rounds": discarded.get((name, wname, c), []),
+                "round_tokens_per_verify": rounds_tpv.get((name, wname, c), []),
+                **({"round_jetflow": rounds_jet[(name, wname, c)]} if any(rounds_jet.get((name, wname, c), [])) else {}),
                 "server": state}
                for (name, wname, c), (recs, wall, state) in pooled.items()]
+    for r in results:  # each round against nospec's same round (also in the report's per-round table)
+        base = next((b.get("round_tok_per_s") for b in results if b["config"] == "nospec"
+                     and (b["workload"], b["concurrency"]) == (r["workload"], r["concurrency"])), None)
+        if r["config"] != "nospec" and base:
+            r["round_vs_nospec"] = [round(x, 3) for x in round_ratios(r["round_tok_per_s"], base)]
     order = {n: i for i, n in enumerate(a.configs)}
     results.sort(key=lambda r: (r["workload"] != "mixed", order[r["config"]], r["concurrency"]))
     bar.close()
     meta = {"command": " ".join(["python", "scripts/bench_serving.py", *(argv if argv is not None else sys.argv[1:])]),
             "model": model, "head": head, "drafter": drafter, "dtype": dtype, "max_tokens": a.max_tokens,
+            "dflash_head": dflash_head, "dflash_blocks": sorted({dflash_block(c) for c in dflash_names}),
             "requests_per_level": a.requests, "rounds": a.rounds, "prefix_tokens": a.prefix_tokens, "threads": a.threads,
             "burst_s": a.burst, "max_foreign_cpu": a.max_foreign_cpu, "retries": a.retries, "busy_at_start": busy,
             "machine": f"{cpu_model()} ({_bf16_isa()}), {platform.machine()}, {os.cpu_count()} cores",
