@@ -187,7 +187,8 @@ class HeadDrafter:
 
     def levels(self, budget: int) -> int:
         """Depths a tree of `budget` nodes can use: a causal head's first d levels don't see later MASK slots, so a
-        forward over [anchor, MASK x d] gives them exactly; a bidirectional block needs all its slots."""
+        forward over [anchor, MASK x d] gives them exactly; a bidirectional tree's block needs all its slots (a chain's
+        block is the chain: block_logprobs_batch)."""
         return max(1, min(self.depth, budget - 1))
 
     @torch.no_grad()
@@ -195,11 +196,13 @@ class HeadDrafter:
         """One forward over [anchor, MASK x block] per request: log-probs [b, depth, V_draft] for depths 1..depth.
 
         ctx_kv: per head layer (k, v) [b, Hkv, T, D], padded; row t of request i is valid iff t < ctx_lens[i].
-        depth (default self.depth): a causal head runs only [anchor, MASK x depth], cheaper for small budgets."""
+        depth (default self.depth): a causal head runs only [anchor, MASK x depth], cheaper for small budgets; so does
+        a chain (the dflash drafter), whose block is the chain's length, as in SGLang's DFLASH and DFlash's engine
+        (block = draft tokens), so that it drafts exactly what they draft."""
         anchors = torch.as_tensor(anchors, device=self.device).view(-1)
         ctx_lens = torch.as_tensor(ctx_lens, device=self.device).view(-1)
         depth = min(depth or self.depth, self.depth)
-        slots = depth if self.head.config.causal else self.block
+        slots = depth if self.head.config.causal or self.mode == "chain" else self.block
         b, size, t = anchors.shape[0], slots + 1, ctx_kv[0][0].shape[2]
         tokens = torch.cat([anchors[:, None], torch.full((b, slots), MASK, device=self.device)], 1)
         pos = ctx_lens[:, None] + torch.arange(size, device=self.device)

@@ -29,7 +29,8 @@ if os.environ.get("JETFLOW_SKIP_SGLANG") != "1":
     import sglang  # noqa: F401
 
 pytestmark = pytest.mark.slow
-BLOCK = 8
+BLOCK = 8  # the servers' block / budget
+HEAD_BLOCK = 16  # the block the head was built with: a longer one, as with the shipped heads (16) served at 8
 NEW_TOKENS = 40
 PROMPTS = ["The quick brown fox jumps over", "def fib(n):\n    return", "1 2 3 4 5 6 7 8",
            "Once upon a time there was a tiny model", "SGLang schedules requests with continuous"]
@@ -70,7 +71,7 @@ def _write_release(head, tc, out: Path) -> None:
     }, indent=2))
 
 
-def build_release_head(target_dir, out, block_size: int = BLOCK, seed: int = 1, causal: bool = False) -> Path:
+def build_release_head(target_dir, out, block_size: int = HEAD_BLOCK, seed: int = 1, causal: bool = False) -> Path:
     """A 1-layer head in the DFlash release layout (what SGLang's DFLASH loads and JETFLOW reads as a release head):
     bidirectional ("dflash") or causal ("jetspec", is_causal true), tapping layers 1 and 2 of the tiny target,
     initialised from the target (its last layer and final norm; fc passes the deepest tap through) plus a little
@@ -176,7 +177,8 @@ def test_dflash_on_cpu_is_token_identical_to_plain(runs):
 
 def test_jetflow_dflash_drafter_accepts_exactly_what_dflash_accepts(runs):
     """Same head, same block: JETFLOW's chain drafter and SGLang's DFLASH draft the same tokens, so every request
-    needs the same number of verify steps (tokens per verify = completion tokens / spec_verify_ct)."""
+    needs the same number of verify steps (tokens per verify = completion tokens / spec_verify_ct). The head was
+    built with a 16-token block and both serve it at 8, so both must draft with a block of the chain's length."""
     for p, d, j in zip(PROMPTS, runs["dflash"], runs["jetflow"]):
         assert j["ids"] == d["ids"], p
         assert j["meta"]["spec_verify_ct"] == d["meta"]["spec_verify_ct"], (p, d["meta"], j["meta"])
