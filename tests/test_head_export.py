@@ -17,7 +17,6 @@ from tests.helpers import tiny_model
 from tests.test_head_formats import loaded_logits, write_release
 
 torch.set_num_threads(1)
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def one_line(msg: str) -> str:
@@ -190,8 +189,7 @@ def test_release_layout_training_exports_the_same_logits(tmp_path, capsys):
     """train_head.py --release-layout on a tiny random Qwen3 (vocab 264 over a 258-token tokenizer), 2 steps, both
     heads; `jetflow export-head` writes them as jetspec / dflash; the project's reader gives the exports the trained
     heads' draft logits within 1e-6 in float32."""
-    import importlib.util
-
+    from tests.scripts import load_script
     from tests.test_train import _records, byte_tokenizer, tiny_target
 
     model = tiny_target("qwen3", vocab=264)
@@ -200,9 +198,7 @@ def test_release_layout_training_exports_the_same_logits(tmp_path, capsys):
     with open(tmp_path / "regen.jsonl", "w") as f:
         for r in _records(model, n=4, T=24):
             f.write(json.dumps(r) + "\n")
-    spec = importlib.util.spec_from_file_location("train_head", ROOT / "scripts" / "train_head.py")
-    train_head = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(train_head)
+    train_head = load_script("train_head")
     head = tmp_path / "head"
     train_head.main(["--target", str(tmp_path / "target"), "--data", str(tmp_path / "regen.jsonl"),
                      "--run", str(tmp_path / "run"), "--steps", "2", "--minutes", "0", "--release-layout",

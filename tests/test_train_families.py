@@ -12,7 +12,6 @@ import torch
 from jetflow_sglang.train import data as D
 from tests.test_train import byte_tokenizer, tiny_target
 
-ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = {"gsm8k": [f"Question {i}: what is {i} plus {2 * i}?" for i in range(8)]}
 
 
@@ -37,14 +36,12 @@ def _cli(*args):
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
 def test_recipe_trains_heads_that_jetflow_generate_loads(arch, tmp_path):
-    import importlib.util
+    from tests.scripts import load_script
 
     model, tok = _folder(arch, tmp_path / "target")
     D.regenerate(model, tok, PROMPTS, tmp_path / "regen.jsonl", 100000, mix={"gsm8k": 1.0}, sample_frac=0.25,
                  batch_size=8, max_new_tokens=40, progress=False)
-    spec = importlib.util.spec_from_file_location("train_head", ROOT / "scripts" / "train_head.py")
-    train_head = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(train_head)
+    train_head = load_script("train_head")
     head = tmp_path / "head"
     train_head.main(["--target", str(tmp_path / "target"), "--data", str(tmp_path / "regen.jsonl"),
                      "--run", str(tmp_path / "run"), "--steps", "6", "--minutes", "0", "--vocab", "128",

@@ -1,6 +1,5 @@
 """bench_serving's CPU accounting: a deliberate burst is booked as the burst's, not as foreign load, and a level's
 foreign load is what no server, no client and no burst used (what --max-foreign-cpu reruns a round for)."""
-import importlib.util
 import os
 import subprocess
 import sys
@@ -9,15 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.scripts import load_script
+
 psutil = pytest.importorskip("psutil")
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_serving", ROOT / "scripts" / "bench_serving.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench_serving")
 
 
 def test_a_burst_is_booked_apart_from_foreign_load():

@@ -1,6 +1,5 @@
 """bench_serving's DFLASH peer configs without servers: their flags and environment, the one-line refusal without a
 release-layout head, and the per-round report (tokens per verify, ratio to nospec's round, JETFLOW round fields)."""
-import importlib.util
 import json
 import subprocess
 import sys
@@ -8,14 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_serving", ROOT / "scripts" / "bench_serving.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench_serving")
 
 
 def test_dflash_configs_flags_and_environment():

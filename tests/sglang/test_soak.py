@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.scripts import load_script  # noqa: E402
 from tests.sglang.sgl_fixtures import build_tiny_head, build_tiny_qwen3  # noqa: E402
 
 if os.environ.get("JETFLOW_SKIP_SGLANG") != "1":  # the lite install: bash scripts/install_sglang_cpu.sh .venv
@@ -20,19 +19,9 @@ if os.environ.get("JETFLOW_SKIP_SGLANG") != "1":  # the lite install: bash scrip
 pytestmark = pytest.mark.slow
 
 
-def _script(name: str):
-    """A module of scripts/ (a folder of programs, not a package), loaded from its file."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.parametrize("overlap", ["off", "on"])
 def test_soak_40_requests(tmp_path, monkeypatch, overlap):
-    soak_server = _script("soak_server")
+    soak_server = load_script("soak_server")
 
     # SGLang compiles two sampling helpers with torch.compile on first use (repetition penalty, seeded sampling): a
     # scheduler stop of ~1 min each on a CPU, which the full soak warms up; here the servers run them eagerly.
