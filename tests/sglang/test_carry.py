@@ -37,3 +37,18 @@ def test_sglangs_relay_reads_the_carry():
 
     p = RelayPayload.from_draft_input(JetFlowCarry(torch.tensor([4, 5]), torch.tensor([1, 2])))
     assert p.bonus_tokens.tolist() == [4, 5] and p.topk_p is None and p.hidden_states is None
+
+
+def test_the_carry_it_replaced_breaks_under_auto():
+    """Why the carry changed: SGLang's NgramVerifyInput (JETFLOW's carry before) flattens accept_tokens at each
+    round's stride and reshapes by its own draft_token_num on filter. Under `auto` with a budget of 6 (ladder 0, 1,
+    2, 4, 6), a running request whose last round used 4 nodes merged with a new one (prefill carry: 6) holds 10
+    entries, and filtering them by a stride of 4 raises inside the scheduler."""
+    from sglang.srt.speculative.ngram_info import NgramVerifyInput
+
+    running = NgramVerifyInput(draft_token_num=4, new_seq_lens=torch.tensor([5]), accept_tokens=torch.arange(4),
+                               accept_lens=torch.tensor([2]))
+    running.merge_batch(NgramVerifyInput(draft_token_num=6, new_seq_lens=torch.tensor([9]),
+                                         accept_tokens=torch.arange(6), accept_lens=torch.tensor([1])))
+    with pytest.raises(RuntimeError):
+        running.filter_batch(torch.tensor([1]))

@@ -7,6 +7,7 @@ budget, trees and accepted paths (sglang/tp_sync.py). JETFLOW_BUDGET=auto makes 
 choices differ, so the test fails if the decisions are not broadcast.
 --dp 2: two schedulers behind SGLang's DP controller, 8 concurrent requests, identical to no speculation (HF greedy,
 which the plain server matches: test_sglang_server.py).
+Each JETFLOW server runs twice: synchronous, and on SGLang's overlap scheduler (JETFLOW_OVERLAP=on).
 Servers run one after another (each TP/DP server is 2 scheduler processes of ~3 GB).
 """
 from __future__ import annotations
@@ -69,29 +70,35 @@ def test_tp2_jetflow_identical_to_tp2_plain(models, prompt_ids):
         plain = [o["output_ids"] for o in _run(srv, prompt_ids[:4], 2)]
     finally:
         srv.stop()
-    srv = _serve(target, ["--tp", "2", *_jetflow(head)], root / "tp2_jetflow.log", env={"JETFLOW_BUDGET": "auto"})
-    try:
-        outs = _run(srv, prompt_ids[:4], 2)
-    finally:
-        srv.stop()
-    for ids, p, o in zip(prompt_ids, plain, outs):
-        assert o["output_ids"] == p, (ids, o["output_ids"], p)
-        assert o["meta_info"]["spec_verify_ct"] > 0
-    assert "TP1" in (root / "tp2_jetflow.log").read_text(errors="replace")  # really two ranks
+    for overlap in ("off", "on"):  # the worker synchronous, then on SGLang's overlap scheduler
+        log = root / f"tp2_jetflow_overlap_{overlap}.log"
+        srv = _serve(target, ["--tp", "2", *_jetflow(head)], log, env={"JETFLOW_BUDGET": "auto",
+                                                                       "JETFLOW_OVERLAP": overlap})
+        try:
+            outs = _run(srv, prompt_ids[:4], 2)
+        finally:
+            srv.stop()
+        for ids, p, o in zip(prompt_ids, plain, outs):
+            assert o["output_ids"] == p, (overlap, ids, o["output_ids"], p)
+            assert o["meta_info"]["spec_verify_ct"] > 0
+        assert "TP1" in log.read_text(errors="replace")  # really two ranks
     assert plain[0] == hf_greedy(target, prompt_ids[0], NEW, stop_at_eos=False)
 
 
 def test_dp2_jetflow_serves_8_concurrent_identical(models, prompt_ids):
     target, head, root = models
-    srv = _serve(target, ["--dp", "2", *_jetflow(head)], root / "dp2_jetflow.log")
-    try:
-        outs = _run(srv, prompt_ids, 8)
-    finally:
-        srv.stop()
     from transformers import AutoModelForCausalLM
 
     ref = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
-    for ids, o in zip(prompt_ids, outs):
-        assert o["output_ids"] == hf_greedy(ref, ids, NEW, stop_at_eos=False), ids
-        assert o["meta_info"]["spec_verify_ct"] > 0
-    assert "DP1" in (root / "dp2_jetflow.log").read_text(errors="replace")
+    want = [hf_greedy(ref, ids, NEW, stop_at_eos=False) for ids in prompt_ids]
+    for overlap in ("off", "on"):  # the worker synchronous, then on SGLang's overlap scheduler
+        log = root / f"dp2_jetflow_overlap_{overlap}.log"
+        srv = _serve(target, ["--dp", "2", *_jetflow(head)], log, env={"JETFLOW_OVERLAP": overlap})
+        try:
+            outs = _run(srv, prompt_ids, 8)
+        finally:
+            srv.stop()
+        for ids, w, o in zip(prompt_ids, want, outs):
+            assert o["output_ids"] == w, (overlap, ids)
+            assert o["meta_info"]["spec_verify_ct"] > 0
+        assert "DP1" in log.read_text(errors="replace")
