@@ -75,6 +75,7 @@ class SyncCounter:
 
     def snapshot(self) -> dict:
         plain = [r for r in self.rounds if not (r["grammar"] or r["penalties"])]
+        recent = plain[-64:]  # the steady state (the first rounds after a start read the KV pool's pointers once)
         return {"rounds": len(self.rounds), "max_plain": max((r["syncs"] for r in plain), default=None),
-                "mean_plain": round(sum(r["syncs"] for r in plain) / len(plain), 3) if plain else None,
+                "mean_plain": round(sum(r["syncs"] for r in recent) / len(recent), 3) if recent else None,
                 "recent": self.rounds[-64:]}

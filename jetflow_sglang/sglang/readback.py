@@ -1,13 +1,13 @@
 """What the host learns from a decode round, read a round later without stopping the device.
 
-Each round pushes its device values (the accepted node ids) and its timing marks. On CUDA the values are copied to
-pinned host memory with `non_blocking=True` behind an event, and the round's start / draft-done / end marks are CUDA
-events; `ready()` hands back only the rounds whose end event has completed (`Event.query()`, which never waits), so
-the host never blocks on the device for statistics or the adaptive budget. On a CPU the device is the host: the
-values are ready when pushed and the marks are `perf_counter` readings.
+Each round pushes its device values (the accepted node ids) and its timing marks (start, drafted, verified,
+accepted, end). On CUDA the values are copied to pinned host memory with `non_blocking=True` behind an event, and
+the marks are CUDA events; `ready()` hands back only the rounds whose end event has completed (`Event.query()`,
+which never waits), so the host never blocks on the device for statistics or the adaptive budget. On a CPU the
+device is the host: the values are ready when pushed and the marks are `perf_counter` readings.
 
 Host values are read from the completed host copies with `.numpy()` (the one place the round reads tensor values;
-tests/sglang/test_host_syncs.py counts every other way a round could wait for the device).
+host_syncs.py counts every other way a round could wait for the device).
 """
 from __future__ import annotations
 
@@ -17,18 +17,29 @@ from dataclasses import dataclass
 
 import torch
 
+PHASES = ("draft", "verify", "accept", "commit")  # between consecutive marks: start, drafted, verified, accepted, end
+
 
 @dataclass
 class Round:
     budget: int  # the tree size this round verified (the adaptive budget's observations carry it)
     batch: int
     paths: list[list[int]]  # accepted node ids per request, root first, -1 padded
+    split: dict  # seconds per phase: draft (head forward, tree build, lookup), verify (the target's forward),
+    #              accept (penalties, grammar, acceptance), commit (KV moves, head rows, result)
+    host_gap_s: float  # the host's time between the previous round's end and this round's start (the scheduler)
 
     @property
     def mean_accept(self) -> float:
         return sum(sum(1 for i in p if i >= 0) for p in self.paths) / max(1, len(self.paths))
-    draft_s: float  # head forward + tree build (+ lookup)
-    verify_s: float  # target verify + acceptance + commit
+
+    @property
+    def draft_s(self) -> float:
+        return self.split["draft"]
+
+    @property
+    def verify_s(self) -> float:  # everything after the draft: what the adaptive budget prices as the verify
+        return sum(v for k, v in self.split.items() if k != "draft")
 
 
 class _Mark:
@@ -54,20 +65,29 @@ class Readback:
         self.cuda = str(device).startswith("cuda")
         self.keep = keep  # rounds in flight at most; older unread ones are dropped (statistics only)
         self.pending: deque = deque()
+        self.marks: list[_Mark] = []
+        self._last_end: float | None = None  # host clock at the previous round's end
 
-    def mark(self) -> _Mark:
-        return _Mark(self.cuda)
+    def mark(self) -> None:
+        """The next phase boundary of the round being run (the first call starts it)."""
+        self.marks.append(_Mark(self.cuda))
 
-    def push(self, budget: int, batch: int, path: torch.Tensor, start: _Mark, drafted: _Mark) -> None:
+    def push(self, budget: int, batch: int, path: torch.Tensor) -> None:
+        """Close the round being run (its last mark) and queue what the host will want from it."""
+        self.mark()
+        marks, self.marks = self.marks, []
+        gap = marks[0].t - self._last_end if self._last_end is not None else 0.0
+        self._last_end = marks[-1].t
         host = path.to("cpu", non_blocking=True) if self.cuda else path
-        self.pending.append((budget, batch, host, start, drafted, self.mark()))
+        self.pending.append((budget, batch, host, marks, gap))
         while len(self.pending) > self.keep:
             self.pending.popleft()
 
     def ready(self) -> list[Round]:
         """Rounds whose values and timings are on the host by now, oldest first (never waits)."""
         out = []
-        while self.pending and self.pending[0][-1].done():
-            budget, batch, path, start, drafted, end = self.pending.popleft()
-            out.append(Round(budget, batch, path.numpy().tolist(), start.seconds_to(drafted), drafted.seconds_to(end)))
+        while self.pending and self.pending[0][3][-1].done():
+            budget, batch, path, marks, gap = self.pending.popleft()
+            split = {name: a.seconds_to(b) for name, a, b in zip(PHASES, marks, marks[1:])}
+            out.append(Round(budget, batch, path.numpy().tolist(), split, gap))
         return out

@@ -22,6 +22,7 @@ Settings come only from jetflow_sglang.sglang.config.JetFlowServerConfig.
 from __future__ import annotations
 
 import logging
+import statistics
 
 import torch
 
@@ -49,30 +50,33 @@ logger = logging.getLogger(__name__)
 
 
 class StepStats:
-    """What the last decode steps did: the budget chosen, the batch, the mean accept length and the round time
-    (exported through the scheduler's internal state: /server_info -> internal_states[i]["jetflow"])."""
+    """What the last decode steps did: the budget chosen, the batch, the mean accept length and the round's time by
+    phase (exported through the scheduler's internal state: /server_info -> internal_states[i]["jetflow"])."""
 
     def __init__(self, keep: int = 64):
         self.keep = keep
         self.steps = 0
         self.plain_steps = 0
-        self.recent: list[tuple[int, int, float, float, float]] = []
+        self.recent: list = []  # readback.Round, newest last
 
     def record(self, r) -> None:
         """r: a readback.Round (it reaches the host a round late on a GPU)."""
         self.steps += 1
         self.plain_steps += r.budget <= 1
-        self.recent = (self.recent + [(r.budget, r.batch, r.mean_accept, r.draft_s, r.verify_s)])[-self.keep:]
+        self.recent = (self.recent + [r])[-self.keep:]
 
     def snapshot(self, pool=None) -> dict:
-        last = self.recent[-1] if self.recent else (0, 0, 0.0, 0.0, 0.0)
-        mean = lambda i: sum(r[i] for r in self.recent) / max(1, len(self.recent))  # noqa: E731
-        out = {"steps": self.steps, "plain_steps": self.plain_steps, "last_budget": last[0], "last_batch": last[1],
-               "last_accept_len": last[2], "last_round_s": last[3] + last[4],
-               "recent_budgets": [r[0] for r in self.recent], "recent_accept_lens": [r[2] for r in self.recent],
-               # mean seconds per round over the recent rounds: draft (head + tree + lookup), verify (target verify,
-               # acceptance, commit); the scheduler's own time is what a round's wall time adds to these
-               "round_split": {"draft_s": round(mean(3), 6), "verify_s": round(mean(4), 6)}}
+        last = self.recent[-1] if self.recent else None
+        out = {"steps": self.steps, "plain_steps": self.plain_steps,
+               "last_budget": last.budget if last else 0, "last_batch": last.batch if last else 0,
+               "last_accept_len": last.mean_accept if last else 0.0,
+               "last_round_s": sum(last.split.values()) if last else 0.0,
+               "recent_budgets": [r.budget for r in self.recent],
+               "recent_accept_lens": [r.mean_accept for r in self.recent]}
+        if self.recent:  # median seconds per phase over the recent rounds; `scheduler`: the host between rounds
+            phases = {k: [r.split[k] for r in self.recent] for k in last.split}
+            phases["scheduler"] = [r.host_gap_s for r in self.recent[1:]] or [0.0]
+            out["round_split"] = {k: round(statistics.median(v), 6) for k, v in phases.items()}
         if pool is not None:
             out["head_pool_slots"], out["head_pool_bytes"] = pool.size, pool.bytes
         return out
@@ -254,22 +258,24 @@ class JetFlowWorker(BaseSpecWorker):
 
     def _decode(self, batch, on_publish) -> GenerationBatchResult:
         self._read_back()
-        start = self.readback.mark()
+        self.readback.mark()  # start
         bs = len(batch.reqs)
         budget = broadcast_object_from_rank0(self.adaptive.choose(bs)) if self.adaptive else self.n
         budget = min(budget, self._reserved(batch))
         batch.max_seq_len_host = max((r.kv.kv_allocated_len for r in batch.reqs), default=0)  # bounds every length
         tree = self._draft(batch, budget)
         broadcast_from_rank0([tree.tokens, tree.parents, tree.depths, tree.sizes])  # TP ranks verify one tree
-        drafted = self.readback.mark()
+        self.readback.mark()  # drafted
         out, res = self._verify(batch, tree)
+        self.readback.mark()  # verified
         path, bonus = self._accept(batch, tree, out.next_token_logits)
         broadcast_from_rank0([path, bonus])  # ... and accept one path
+        self.readback.mark()  # accepted
         result = self._commit(batch, tree, out, res, path, bonus, on_publish)
         self._lag = tree.tokens.shape[1]
         if not self.overlap:
             self._fit_reserve(batch, self._lag)
-        self.readback.push(budget, bs, path, start, drafted)
+        self.readback.push(budget, bs, path)  # end
         return result
 
     def _read_back(self) -> None:
