@@ -162,6 +162,9 @@ def _write(out: Path, src: Path, raw: dict, state: dict, save_file) -> None:
     os.close(fd)
     try:
         save_file(state, tmp, metadata={"format": "pt"})
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's file is private; the export is as readable as any file written here
         os.replace(tmp, out / "model.safetensors")
     finally:
         Path(tmp).unlink(missing_ok=True)
