@@ -80,6 +80,9 @@ PATCHES += [
     ("torch.Tensor.record_stream", "cpu/dflash_peer.py",
      "benchmark only: a no-op for CPU tensors (DFLASH records the batch's seq_lens on the current stream; a CPU "
      "tensor has none and torch raises 'unknown parameter type')"),
+    ("sglang.srt.models.dflash.DFlashAttention.__init__", "cpu/dflash_peer.py",
+     "benchmark only: the DFLASH draft's bfloat16 layers take SGLang's torch q/k-norm + RoPE path, not its fused "
+     "Triton kernel, which has no CPU driver"),
 ]
 
 

@@ -20,6 +20,8 @@ once (`setting()`); nothing here writes os.environ. What it changes, each listed
     bfloat16 unconditionally, which breaks a float32 server).
   - `torch.Tensor.record_stream`: a no-op for CPU tensors (DFLASH records the batch's seq_lens on the current
     stream; CPU tensors have no streams and torch raises "unknown parameter type").
+  - `DFlashAttention.__init__`: the draft layers take SGLang's torch q/k-norm + RoPE path instead of its fused
+    Triton kernel, which a bfloat16 draft uses and which has no CPU driver ("0 active drivers").
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ _ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 HANDLE_DFLASH = "sglang.srt.arg_groups.speculative_hook._handle_dflash"
 EXTEND_KWARGS = "sglang.srt.model_executor.model_runner.ModelRunner._extend_forward_kwargs"
 RECORD_STREAM = "torch.Tensor.record_stream"
+DRAFT_ATTENTION_INIT = "sglang.srt.models.dflash.DFlashAttention.__init__"
 
 
 class PeerSettingError(ValueError):
@@ -84,6 +87,7 @@ def install() -> None:
     source = HookSource(plugin_name="jetflow_dflash_peer", dist_name="jetflow-sglang")
     HookRegistry.register(HANDLE_DFLASH, _handle_dflash_hook, HookType.AROUND, source=source)
     HookRegistry.register(EXTEND_KWARGS, _extend_kwargs_hook, HookType.AROUND, source=source)
+    HookRegistry.register(DRAFT_ATTENTION_INIT, _draft_attention_init_hook, HookType.AROUND, source=source)
     _patch_record_stream()
     _installed = True
 
@@ -203,3 +207,10 @@ def _patch_record_stream() -> None:
 
     record_stream._jetflow_dflash_peer = True
     torch.Tensor.record_stream = record_stream
+
+
+# -- 5. no fused Triton q/k-norm + RoPE kernel on a CPU -------------------------------------------------------------
+def _draft_attention_init_hook(original, layer, *args, **kwargs):
+    out = original(layer, *args, **kwargs)
+    layer.use_table_qk_norm_rope = False  # the torch path (apply_qk_norm + rotary) computes the same on a CPU
+    return out
