@@ -262,7 +262,7 @@ class JetFlowWorker(BaseSpecWorker):
         bs = len(batch.reqs)
         budget = broadcast_object_from_rank0(self.adaptive.choose(bs)) if self.adaptive else self.n
         budget = min(budget, self._reserved(batch))
-        batch.max_seq_len_host = max((r.kv.kv_allocated_len for r in batch.reqs), default=0)  # bounds every length
+        batch.max_seq_len_host = self._host_max_len(batch)
         tree = self._draft(batch, budget)
         broadcast_from_rank0([tree.tokens, tree.parents, tree.depths, tree.sizes])  # TP ranks verify one tree
         self.readback.mark()  # drafted
@@ -313,6 +313,13 @@ class JetFlowWorker(BaseSpecWorker):
             logger.info("JETFLOW: KV pool %s; reserving %d draft tokens per request", "tight" if k < self.n else
                         "has room again", k)
             self._reserve_k = k
+
+    def _host_max_len(self, batch) -> int:
+        """A host bound on the batch's committed lengths, from SGLang's KV bookkeeping (no device read): exact when
+        synchronous; on the overlap scheduler each request may hold up to the round in flight beyond what the host
+        has committed, and never more than its allocation."""
+        lag = self._lag if self.overlap else 0
+        return max((min(r.kv.kv_allocated_len, r.kv.kv_committed_len + lag) for r in batch.reqs), default=0)
 
     def _reserved(self, batch) -> int:
         """KV slots SGLang reserved past every request's committed tokens this step (a near-full pool may leave
