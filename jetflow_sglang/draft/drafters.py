@@ -114,7 +114,7 @@ class HeadDrafter:
     needs_taps = True
 
     def __init__(self, head: JetFlowHead, mode: str = "tree", width: int = DEFAULT_WIDTH, tree: str = "exact",
-                 name: str = "", depth: int | None = None):
+                 name: str = "", depth: int | None = None, scores: bool = True):
         if mode not in ("tree", "branch", "chain"):
             raise ValueError(f"unknown head drafting mode {mode!r}")
         if tree not in TREES:
@@ -137,6 +137,10 @@ class HeadDrafter:
         self.vocab_size = head.config.target["vocab_size"]
         self.width = min(width, self.vocab_ids.shape[0])
         self.device = self.lm_weight.device
+        # A chain's cumulative log-probs rank it against prompt-lookup nodes and show in the explorer; a server
+        # chain without lookup needs only the argmax per depth (one max over the vocabulary, no log-softmax and
+        # top-k), and its scores are then NaN.
+        self.scores = scores
 
     @property
     def eager(self) -> bool:
@@ -180,10 +184,13 @@ class HeadDrafter:
     def _ctx_mask(self, ctx_lens: torch.Tensor, rows: int, t: int) -> torch.Tensor:
         return (torch.arange(t, device=self.device)[None] < ctx_lens[:, None])[:, None].expand(-1, rows, t)
 
-    def _logprobs(self, tokens, positions, mask, ctx_kv, rows: slice) -> torch.Tensor:
-        """Draft log-probs of the slots in `rows` (the vocabulary projection runs on those rows only)."""
+    def _logits(self, tokens, positions, mask, ctx_kv, rows: slice) -> torch.Tensor:
+        """Draft logits of the slots in `rows` (the vocabulary projection runs on those rows only)."""
         hidden = self.head(tokens, positions, ctx_kv, mask, self.fused)[:, rows]
-        return self.head.logits(hidden, self.lm_weight).float().log_softmax(-1)
+        return self.head.logits(hidden, self.lm_weight)
+
+    def _logprobs(self, tokens, positions, mask, ctx_kv, rows: slice) -> torch.Tensor:
+        return self._logits(tokens, positions, mask, ctx_kv, rows).float().log_softmax(-1)
 
     def levels(self, budget: int) -> int:
         """Depths a tree of `budget` nodes can use: a causal head's first d levels don't see later MASK slots, so a
@@ -192,8 +199,10 @@ class HeadDrafter:
         return max(1, min(self.depth, budget - 1))
 
     @torch.no_grad()
-    def block_logprobs_batch(self, anchors, ctx_kv, ctx_lens, depth: int | None = None) -> torch.Tensor:
-        """One forward over [anchor, MASK x block] per request: log-probs [b, depth, V_draft] for depths 1..depth.
+    def block_logprobs_batch(self, anchors, ctx_kv, ctx_lens, depth: int | None = None,
+                             logits: bool = False) -> torch.Tensor:
+        """One forward over [anchor, MASK x block] per request: log-probs [b, depth, V_draft] for depths 1..depth
+        (logits=True: the raw logits, in the head's dtype).
 
         ctx_kv: per head layer (k, v) [b, Hkv, T, D], padded; row t of request i is valid iff t < ctx_lens[i].
         depth (default self.depth): a causal head runs only [anchor, MASK x depth], cheaper for small budgets; so does
@@ -208,7 +217,7 @@ class HeadDrafter:
         pos = ctx_lens[:, None] + torch.arange(size, device=self.device)
         inner = self.head.block_mask(0, size, device=self.device)[None].expand(b, -1, -1)
         mask = torch.cat([self._ctx_mask(ctx_lens, size, t), inner], 2)
-        return self._logprobs(tokens, pos, mask, ctx_kv, slice(1, 1 + depth))
+        return (self._logits if logits else self._logprobs)(tokens, pos, mask, ctx_kv, slice(1, 1 + depth))
 
     @torch.no_grad()
     def conditioned_logprobs_batch(self, tb: TreeBatch, ctx_kv, ctx_lens) -> torch.Tensor:
@@ -243,12 +252,18 @@ class HeadDrafter:
         anchors = torch.as_tensor(anchors, device=self.device).view(-1)
         if budget == 1:  # plain decoding: no head forward at all
             return root_only(anchors, 1)
+        if self.mode == "chain":  # the first maximal index per depth, as DFLASH's argmax, from the raw logits
+            logits = self.block_logprobs_batch(anchors, ctx_kv, ctx_lens, self.levels(budget), logits=True)
+            vals, idx = logits.max(-1)
+            lps = vals.float() - logits.float().logsumexp(-1) if self.scores else vals.float().fill_(math.nan)
+            return _chain_batch(anchors, self.vocab_ids[idx], lps, budget)
         lp = self.block_logprobs_batch(anchors, ctx_kv, ctx_lens, self.levels(budget))
         return self._trees(anchors, lp, ctx_kv, ctx_lens, budget)
 
     def _trees(self, anchors, lp, ctx_kv, ctx_lens, budget: int) -> TreeBatch:
-        if self.mode == "chain":
-            return _chain_batch(anchors, *(t[..., 0] for t in self._topk(lp)), budget)
+        if self.mode == "chain":  # from log-probs (the host drafting loop's path)
+            vals, idx = lp.max(-1)
+            return _chain_batch(anchors, self.vocab_ids[idx], vals, budget)
         toks, lps = self._topk(lp)
         if self.eager:
             return self._host_trees(anchors, toks, lps, ctx_kv, ctx_lens, budget)

@@ -136,7 +136,9 @@ class JetFlowWorker(BaseSpecWorker):
             from jetflow_sglang.draft.drafters import HeadDrafter
 
             self.head_drafter = HeadDrafter(self.head, mode=spec(self.drafter_name).mode, width=self.width,
-                                            depth=self.depth, name=self.drafter_name)
+                                            depth=self.depth, name=self.drafter_name, scores=self.ngram is not None)
+        # A chain's accepted nodes are its first ones, already at the front of the verify window: no KV move
+        self.chain = self.head_drafter is not None and self.head_drafter.mode == "chain" and self.ngram is None
         self.capture = CaptureHiddenMode.FULL if self.head is not None else None
         if str(self.device) == "cpu":  # verify GEMMs of batch x tree rows at one weight read (cpu_gemm.py)
             from jetflow_sglang.sglang.cpu.gemm import install
@@ -428,7 +430,8 @@ class JetFlowWorker(BaseSpecWorker):
     def _commit(self, batch, tree: TreeBatch, out, res, path, bonus, on_publish) -> GenerationBatchResult:
         bs, n = tree.tokens.shape
         predict, accept_index, accept_lens, _ = to_sglang(tree.tokens, path, bonus, n)
-        move_accept_tokens_to_target_kvcache(batch, accept_index, accept_lens - 1, self.token_to_kv_pool_allocator)
+        if n > 1 and not self.chain:  # a chain's (and a lone root's) accepted rows are in place already
+            move_accept_tokens_to_target_kvcache(batch, accept_index, accept_lens - 1, self.token_to_kv_pool_allocator)
         # the verify rows of each request's accepted path, root first, at the front of its window (padding: its root)
         src = torch.where(accept_index >= 0, accept_index.long(),
                           (torch.arange(bs, device=self.device) * n)[:, None].expand(bs, n)).reshape(-1)
