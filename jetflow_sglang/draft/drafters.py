@@ -252,13 +252,20 @@ class HeadDrafter:
         anchors = torch.as_tensor(anchors, device=self.device).view(-1)
         if budget == 1:  # plain decoding: no head forward at all
             return root_only(anchors, 1)
+        return self.tree_batch(anchors, self.head_batch(anchors, ctx_kv, ctx_lens, budget), ctx_kv, ctx_lens, budget)
+
+    def head_batch(self, anchors, ctx_kv, ctx_lens, budget: int) -> torch.Tensor:
+        """draft_batch's head forward (budget > 1): log-probs [b, depth, V_draft]; a chain's raw logits."""
+        return self.block_logprobs_batch(anchors, ctx_kv, ctx_lens, self.levels(budget), logits=self.mode == "chain")
+
+    @torch.no_grad()
+    def tree_batch(self, anchors, out, ctx_kv, ctx_lens, budget: int) -> TreeBatch:
+        """draft_batch's trees from head_batch's output (a 'branch' tree runs its second head forward here)."""
         if self.mode == "chain":  # the first maximal index per depth, as DFLASH's argmax, from the raw logits
-            logits = self.block_logprobs_batch(anchors, ctx_kv, ctx_lens, self.levels(budget), logits=True)
-            vals, idx = logits.max(-1)
-            lps = vals.float() - logits.float().logsumexp(-1) if self.scores else vals.float().fill_(math.nan)
+            vals, idx = out.max(-1)
+            lps = vals.float() - out.float().logsumexp(-1) if self.scores else vals.float().fill_(math.nan)
             return _chain_batch(anchors, self.vocab_ids[idx], lps, budget)
-        lp = self.block_logprobs_batch(anchors, ctx_kv, ctx_lens, self.levels(budget))
-        return self._trees(anchors, lp, ctx_kv, ctx_lens, budget)
+        return self._trees(anchors, out, ctx_kv, ctx_lens, budget)
 
     def _trees(self, anchors, lp, ctx_kv, ctx_lens, budget: int) -> TreeBatch:
         if self.mode == "chain":  # from log-probs (the host drafting loop's path)

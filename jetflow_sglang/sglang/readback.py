@@ -1,7 +1,7 @@
 """What the host learns from a decode round, read a round later without stopping the device.
 
-Each round pushes its device values (the accepted node ids) and its timing marks (start, drafted, verified,
-accepted, end). On CUDA the values are copied to pinned host memory with `non_blocking=True` behind an event, and
+Each round pushes its device values (the accepted node ids) and its timing marks (start, head forward done, tree
+built, verified, accepted, end). On CUDA the values are copied to pinned host memory with `non_blocking=True` behind an event, and
 the marks are CUDA events; `ready()` hands back only the rounds whose end event has completed (`Event.query()`,
 which never waits), so the host never blocks on the device for statistics or the adaptive budget. On a CPU the
 device is the host: the values are ready when pushed and the marks are `perf_counter` readings.
@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-PHASES = ("draft", "verify", "accept", "commit")  # between consecutive marks: start, drafted, verified, accepted, end
+PHASES = ("head", "tree", "verify", "accept", "commit")  # between consecutive marks: start, head done, tree built,
+#                                                          verified, accepted, end
+DRAFT = ("head", "tree")  # the drafting phases
 
 
 @dataclass
@@ -25,8 +27,9 @@ class Round:
     budget: int  # the tree size this round verified (the adaptive budget's observations carry it)
     batch: int
     paths: list[list[int]]  # accepted node ids per request, root first, -1 padded
-    split: dict  # seconds per phase: draft (head forward, tree build, lookup), verify (the target's forward),
-    #              accept (penalties, grammar, acceptance), commit (KV moves, head rows, result)
+    split: dict  # seconds per phase: head (the head's forward and vocabulary projection), tree (top-k, tree build,
+    #              prompt-lookup merge), verify (the target's forward), accept (penalties, grammar, acceptance),
+    #              commit (KV moves, head rows, result)
     host_gap_s: float  # the host's time between the previous round's end and this round's start (the scheduler)
 
     @property
@@ -35,11 +38,11 @@ class Round:
 
     @property
     def draft_s(self) -> float:
-        return self.split["draft"]
+        return sum(self.split[k] for k in DRAFT)
 
     @property
     def verify_s(self) -> float:  # everything after the draft: what the adaptive budget prices as the verify
-        return sum(v for k, v in self.split.items() if k != "draft")
+        return sum(v for k, v in self.split.items() if k not in DRAFT)
 
 
 class _Mark:

@@ -265,9 +265,9 @@ class JetFlowWorker(BaseSpecWorker):
         budget = broadcast_object_from_rank0(self.adaptive.choose(bs)) if self.adaptive else self.n
         budget = min(budget, self._reserved(batch))
         batch.max_seq_len_host = self._host_max_len(batch)
-        tree = self._draft(batch, budget)
+        tree = self._draft(batch, budget)  # marks the end of the head forward
         broadcast_from_rank0([tree.tokens, tree.parents, tree.depths, tree.sizes])  # TP ranks verify one tree
-        self.readback.mark()  # drafted
+        self.readback.mark()  # tree built
         out, res = self._verify(batch, tree)
         self.readback.mark()  # verified
         path, bonus = self._accept(batch, tree, out.next_token_logits)
@@ -362,12 +362,16 @@ class JetFlowWorker(BaseSpecWorker):
     def _draft(self, batch, budget: int) -> TreeBatch:
         anchors = self._anchors(batch)
         if budget <= 1 or (self.head is None and self.ngram is None):  # plain decoding (the ar drafter always)
+            self.readback.mark()  # head (none)
             return root_only(anchors, 1)
         ctx_lens = batch.seq_lens.to(self.device)  # committed tokens before each anchor
         max_len = batch.max_seq_len_host  # a host bound (forward_batch_generation); positions past ctx_lens are masked
         slots = slots_of(batch.req_to_token_pool.req_to_token, batch.req_pool_indices, ctx_lens, max_len)
+        ctx = None if self.head is None else self.pool.gather(slots)
+        out = None if self.head is None else self.head_drafter.head_batch(anchors, ctx, ctx_lens, budget)
+        self.readback.mark()  # head: the tree build and the lookup merge follow
         tree = root_only(anchors, budget) if self.head is None else \
-            self.head_drafter.draft_batch(anchors, self.pool.gather(slots), ctx_lens, budget)
+            self.head_drafter.tree_batch(anchors, out, ctx, ctx_lens, budget)
         if self.ngram is not None:  # at T > 0 the device accept tests a node's first `width` (best) children
             tree = self.ngram.merge_batch(tree, self.tokens.history(slots), ctx_lens, budget)
         return tree

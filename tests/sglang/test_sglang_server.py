@@ -203,8 +203,8 @@ def test_step_stats_in_server_info(servers):
     assert state["lookup"] is True  # JETFLOW_LOOKUP=auto on a CPU server: every test here runs merged trees
     assert all(1.0 <= a <= 6 for a in state["recent_accept_lens"])
     split = state["round_split"]  # median seconds per phase of a round, and the host's time between rounds
-    assert set(split) == {"draft", "verify", "accept", "commit", "scheduler"}, split
-    assert split["verify"] > 0 and min(split.values()) >= 0, split
+    assert set(split) == {"head", "tree", "verify", "accept", "commit", "scheduler"}, split
+    assert split["head"] > 0 and split["tree"] > 0 and split["verify"] > 0 and min(split.values()) >= 0, split
 
 
 DOCUMENTED_SYNCS = re.compile(r"host synchronisations per steady-state decode\s+round: (\d+) on the overlap "
