@@ -57,7 +57,7 @@ def is_jetflow(name) -> bool:
 DEFAULT_BUDGET = 8  # the server's budget (auto's maximum) without --speculative-num-draft-tokens
 ENV_VARS = ("JETFLOW_DRAFTER", "JETFLOW_BUDGET", "JETFLOW_TREE", "JETFLOW_COST_PRIOR", "JETFLOW_LOOKUP", "JETFLOW_OVERLAP",
             "JETFLOW_COUNT_SYNCS")
-LOOKUP_MODES = {"auto": None, "on": True, "1": True, "true": True, "off": False, "0": False, "false": False}
+SWITCH_VALUES = {"auto": None, "on": True, "1": True, "true": True, "off": False, "0": False, "false": False}
 RETIRED_ENV = {  # read by earlier versions; failing beats silently ignoring them
     "JETFLOW_WIDTH": "--speculative-eagle-topk",
     "JETFLOW_DEPTH": "--speculative-num-steps",
@@ -183,9 +183,9 @@ def _drafter(requested: str | None, head_dir: str | None) -> str:
 def _switch(name: str, value) -> bool | None:
     """auto | on | off (also 1/0, true/false) -> None | True | False."""
     mode = (value or "auto").strip().lower()
-    if mode not in LOOKUP_MODES:
+    if mode not in SWITCH_VALUES:
         raise JetFlowConfigError(f"{name} must be auto, on or off; got {value!r}")
-    return LOOKUP_MODES[mode]
+    return SWITCH_VALUES[mode]
 
 
 def _lookup(value, drafter: str, device) -> bool:
