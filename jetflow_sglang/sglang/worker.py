@@ -367,11 +367,14 @@ class JetFlowWorker(BaseSpecWorker):
         ctx_lens = batch.seq_lens.to(self.device)  # committed tokens before each anchor
         max_len = batch.max_seq_len_host  # a host bound (forward_batch_generation); positions past ctx_lens are masked
         slots = slots_of(batch.req_to_token_pool.req_to_token, batch.req_pool_indices, ctx_lens, max_len)
-        ctx = None if self.head is None else self.pool.gather(slots)
-        out = None if self.head is None else self.head_drafter.head_batch(anchors, ctx, ctx_lens, budget)
-        self.readback.mark()  # head: the tree build and the lookup merge follow
-        tree = root_only(anchors, budget) if self.head is None else \
-            self.head_drafter.tree_batch(anchors, out, ctx, ctx_lens, budget)
+        if self.head is None:  # the ngram drafter: its trie alone, merged below
+            self.readback.mark()  # head (none)
+            tree = root_only(anchors, budget)
+        else:
+            ctx = self.pool.gather(slots)
+            out = self.head_drafter.head_batch(anchors, ctx, ctx_lens, budget)
+            self.readback.mark()  # head: the tree build and the lookup merge follow
+            tree = self.head_drafter.tree_batch(anchors, out, ctx, ctx_lens, budget)
         if self.ngram is not None:  # at T > 0 the device accept tests a node's first `width` (best) children
             tree = self.ngram.merge_batch(tree, self.tokens.history(slots), ctx_lens, budget)
         return tree
