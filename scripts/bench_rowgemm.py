@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from jetflow_sglang.core import rowgemm  # noqa: E402
-from jetflow_sglang.engine.profiling import cpu_model, tune_gemm  # noqa: E402
+from jetflow_sglang.machine import cpu_model  # noqa: E402
 from jetflow_sglang.engine.stack import load_stack  # noqa: E402
 from jetflow_sglang.core.tree import DraftTree  # noqa: E402
 
@@ -49,7 +49,9 @@ def main() -> int:
     target, _ = load_stack(drafter="ar", dtype=a.dtype)
     target.prefill(target.encode_chat(PROMPT))
     sizes = [int(s) for s in a.sizes.split(",")]
-    rowgemm.activate(True)  # time the transposed product itself; what tune_gemm keeps here is reported below
+    rowgemm.activate(True)  # time the transposed product itself at every size; what tune() keeps is reported below
+    kept = rowgemm.limits()
+    rowgemm.set_limits({})
     modes = {"stock": rowgemm.disable, "rowgemm": rowgemm.enable}
     times = {m: {n: [] for n in sizes} for m in modes}
     for rep in tqdm(range(a.reps + 1), desc="rounds"):  # round 0 warms up
@@ -74,7 +76,8 @@ def main() -> int:
     meta = {"command": "python " + " ".join(shlex.quote(x) for x in sys.argv), "machine": f"{cpu_model()}, "
             f"{torch.get_num_threads()} threads, torch {torch.__version__}, {platform.python_version()}",
             "dtype": str(target.dtype).removeprefix("torch."), "date": time.strftime("%Y-%m-%d"), "reps": a.reps}
-    meta["tune_gemm"] = "rowgemm" if tune_gemm(target, cache=False) else "stock"  # what the engine keeps here
+    rowgemm.set_limits(kept)  # what load_stack measured (or read from its cache) for this machine
+    meta["rowgemm_rows"] = {f"{a}x{b}": r for (a, b), r in sorted(kept.items())}
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
@@ -84,8 +87,9 @@ def main() -> int:
     md += [f"| {r['n']} | {r['stock_ms']} | {r['rowgemm_ms']} | {r['stock_ratio']} | {r['rowgemm_ratio']} | "
            f"{r['speedup']}x |" for r in rows]
     md.append("\nOne node runs the same kernel (F.linear) in both modes, so its speedup column shows this run's noise.")
-    md.append(f"\n`profiling.tune_gemm` (a verify at 4 and 16 nodes, both ways, at most 0.9x to keep rowgemm) chose here: "
-              f"**{meta['tune_gemm']}** (float32 only; bfloat16 always runs stock).")
+    md.append("\nWhat the engine keeps here (`rowgemm.tune`: per weight shape, the most rows at which W @ X^T measured "
+              f"{rowgemm.MARGIN}x faster than F.linear; float32 only): "
+              + (", ".join(f"{k}: {v}" for k, v in meta["rowgemm_rows"].items()) or "nothing (not float32)") + ".")
     out.with_suffix(".md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
     return 0

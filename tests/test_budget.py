@@ -341,48 +341,6 @@ def test_costs_learnt_under_load_do_not_price_a_smaller_batch(overhead, per_requ
     assert auto <= 1.05 * min(fixed.values()), (auto / min(fixed.values()), fixed)
 
 
-def test_tune_gemm_keeps_rowgemm_only_where_the_verify_measured_faster(tmp_path, monkeypatch):
-    """rowgemm's transposed products won 1.3-1.8x on an AVX2 EPYC and lost on an AVX-512/AMX Xeon: the choice is a
-    measurement of the real verify both ways, cached per machine and model, and a fake timing decides it here."""
-    from jetflow_sglang.core import rowgemm
-    from jetflow_sglang.engine import profiling
-    from tests.helpers import tiny_target
-
-    target = tiny_target(seed=3)
-    target.model.config._name_or_path = "tiny-test-model"
-    monkeypatch.setattr(profiling, "_profile_path", lambda: tmp_path / "cost_profile.json")
-    monkeypatch.setattr(profiling, "_MEMO", {})
-    calls = []
-
-    def fake(speed_on, speed_off):
-        def timing(tgt, sizes, reps):
-            calls.append(rowgemm.active())
-            return {n: (speed_on if rowgemm.active() else speed_off) * n for n in sizes}
-        return timing
-
-    try:
-        monkeypatch.setattr(profiling, "_time_verify", fake(2.0, 1.0))  # rowgemm slower: off
-        assert profiling.tune_gemm(target) is False and not rowgemm.active()
-        assert calls.count(True) == calls.count(False) == 2
-        assert profiling.profile_key(target).count('"gemm": "stock"') == 1
-        x, w = torch.randn(5, 32), torch.randn(48, 32)
-        assert torch.equal(rowgemm.linear(x, w), torch.nn.functional.linear(x, w))  # stock, bit for bit
-        calls.clear()
-        monkeypatch.setattr(profiling, "_MEMO", {})
-        assert profiling.tune_gemm(target) is False and calls == []  # the choice is cached on disk
-        monkeypatch.setattr(profiling, "_profile_path", lambda: tmp_path / "other.json")
-        monkeypatch.setattr(profiling, "_MEMO", {})
-        monkeypatch.setattr(profiling, "_time_verify", fake(0.5, 1.0))  # another machine, where rowgemm wins
-        assert profiling.tune_gemm(target) is True and rowgemm.active()
-        assert rowgemm.linear(x, w).stride() == (1, 5)
-        monkeypatch.setattr(profiling, "_MEMO", {})
-        monkeypatch.setattr(profiling, "_time_verify", fake(0.95, 1.0))  # a 5% gain is within noise: off
-        monkeypatch.setattr(profiling, "_profile_path", lambda: tmp_path / "third.json")
-        assert profiling.tune_gemm(target) is False
-    finally:
-        rowgemm.activate(True)
-
-
 def test_an_unlucky_start_does_not_end_speculation():
     """The first rounds of an answer often accept nothing (a chat reply's opening), then the drafter does well. With a
     measured prior that makes trees look dear (taken under load), the empty rounds send auto to plain decoding, where

@@ -1,5 +1,7 @@
 """rowgemm: multi-row CPU linears as W @ X^T are the same maths as F.linear, one row is bit-identical, and the patch
 comes off again."""
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,12 +12,49 @@ from jetflow_sglang.core import rowgemm
 
 @pytest.fixture(autouse=True)
 def transposed_on():
-    """These tests check the transposed product's maths; whether it pays is profiling.tune_gemm's measurement, which
-    a stack loaded earlier in the same process may have switched off."""
-    was = rowgemm.active()
+    """These tests check the transposed product's maths; where it pays is rowgemm.tune's measurement, which a stack
+    loaded earlier in the same process may have made for some shapes."""
+    was, limits = rowgemm.active(), rowgemm.limits()
     rowgemm.activate(True)
+    rowgemm.set_limits({})
     yield
     rowgemm.activate(was)
+    rowgemm.set_limits(limits)
+
+
+def test_tune_takes_the_transposed_product_only_up_to_where_it_measured_faster(tmp_path, monkeypatch):
+    """W @ X^T won on every layer of an AVX2 EPYC, lost on every layer of an AMX Xeon, and on an AVX512-BF16 EPYC won
+    only on the LM head at up to 4-8 rows: the choice is per weight shape and row count, measured (fake timings here),
+    cached on disk per machine, and linear() follows it."""
+    stops = {(48, 32): 10**6, (40, 32): 8, (24, 32): 0}  # most rows at which the transposed product is faster
+
+    def fake(weight, rows, reps=3):
+        return (1.0, 0.5 if rows <= stops[tuple(weight.shape)] else 0.95)  # (stock s, W @ X^T s): 0.95 is noise
+
+    monkeypatch.setattr(rowgemm, "measure", fake)
+    always, some, never = torch.randn(48, 32), torch.randn(40, 32), torch.randn(24, 32)
+    cache = tmp_path / "gemm_limits.json"
+    got = rowgemm.tune([always, some, never, never.clone(), torch.randn(8, 32, dtype=torch.bfloat16)], cache_file=cache)
+    assert got == {(48, 32): rowgemm.MAX_ROWS, (40, 32): 8, (24, 32): 0}  # bfloat16 is never measured (always stock)
+    x8, x9 = torch.randn(8, 32), torch.randn(9, 32)
+    assert rowgemm.linear(x8, some).stride() == (1, 8)  # transposed
+    assert torch.equal(rowgemm.linear(x9, some), F.linear(x9, some))  # past the limit: stock, bit for bit
+    assert torch.equal(rowgemm.linear(x8, never), F.linear(x8, never))
+    assert rowgemm.linear(torch.randn(300, 32), always).stride() == (1, 300)
+    rowgemm.set_limits({})  # a new process on the same machine reads the cache and measures nothing
+    monkeypatch.setattr(rowgemm, "measure", lambda *a, **k: pytest.fail("measured a cached shape again"))
+    assert rowgemm.tune([some], cache_file=cache) == {(40, 32): 8}
+    monkeypatch.setattr(rowgemm, "_cache_key", lambda: "another machine")  # another machine measures again
+    monkeypatch.setattr(rowgemm, "measure", fake)
+    rowgemm.set_limits({})
+    assert rowgemm.tune([never], cache_file=cache) == {(24, 32): 0}
+    assert len(json.loads(cache.read_text())) == 2
+
+
+def test_tune_measures_real_products():
+    """The real timing runs, and its answer is one of the measured row counts."""
+    got = rowgemm.tune([torch.randn(64, 48)], reps=1)
+    assert got[(64, 48)] in (0, rowgemm.MAX_ROWS) + rowgemm.ROWS[:-1]
 
 
 def test_linear_matches_f_linear():

@@ -12,22 +12,36 @@ with AVX512-BF16, where the same product in float32 was 1.71x / 1.22x / 1.13x fa
     enable(model)    every nn.Linear of the model computes multi-row inputs as W @ X^T (idempotent)
     disable(model)   back to stock nn.Linear.forward (benchmarks time Hugging Face's own paths this way)
     linear(x, w)     the same product for a bare weight (the draft head's reduced-vocabulary projection)
-    activate(on)     take the transposed product at all in this process (default on); `profiling.tune_gemm` measures
-                     a real verify both ways once per machine and model and switches it off where it loses
+    tune(weights)    measure, per weight shape, up to how many rows W @ X^T beats F.linear on this machine (cached on
+                     disk per CPU model, thread count and torch version); linear() then takes it only there
+    activate(on)     take the transposed product at all in this process (default on)
 
-Whether it pays depends on the CPU's BLAS kernels, so the engine measures it rather than assuming it: on a 2-core Intel
-Xeon with AVX-512 and AMX (2026-12-03) it lost at every size, a 4-node float32 verify 79 ms against 51 ms stock and one
-token 34 ms (`bench/results/rowgemm_xeon_amx.md`), where on the AVX2 EPYC above it won 1.3-1.8x.
+Whether it pays depends on the CPU's BLAS kernels and on the shape, so it is measured rather than assumed:
+- on a 2-core Intel Xeon with AVX-512 and AMX (2026-12-03) it lost at every size, a 4-node float32 verify 79 ms
+  against 51 ms stock (`bench/results/rowgemm_xeon_amx.md`), where on the AVX2 EPYC above it won 1.3-1.8x;
+- on a 2-core AVX512-BF16 EPYC, one thread (2026-12-05), it lost 0.5-0.97x on every layer of SmolLM2-135M at every row
+  count but won on its 49152 x 576 LM head: 2.9x at 2 rows, 1.8x at 4, even at 8, 0.53-0.78x from 12 on.
+A whole-verify on/off switch (the engine's earlier choice) keeps the layers that lose along with the head that wins,
+and a SGLang verify of 32 rows (4 requests x 8) ran 7-9% behind SGLang's DFLASH, which keeps stock F.linear.
 """
 from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 _FLAG = "_jetflow_rowgemm"
-MAX_ROWS = 1024  # measured up to 256 rows (still ahead there); larger products (training, long prefills) stay stock
+ROWS = (2, 4, 8, 16, 32, 64, 128, 256)  # the row counts tune() measures, rising until W @ X^T first loses
+MAX_ROWS = 1024  # larger products (training, long prefills) stay stock; a shape still ahead at ROWS[-1] goes to here
+MARGIN = 1.1  # W @ X^T must be this much faster than F.linear to be taken (a smaller gain is within noise)
 _ACTIVE = True
+_LIMIT: dict[tuple[int, int], int] = {}  # float32 weight shape -> most rows W @ X^T takes (0: never); untuned: MAX_ROWS
 
 
 def activate(on: bool) -> None:
@@ -52,13 +66,94 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if 0 < rows < min_rows:
         flat = torch.nn.functional.pad(x.reshape(rows, x.shape[-1]), (0, 0, 0, min_rows - rows))
         return linear(flat, weight, bias, contiguous)[:rows].reshape(*x.shape[:-1], weight.shape[0])
-    if not _ACTIVE or not 1 < rows <= MAX_ROWS or x.device.type != "cpu" or x.dtype != torch.float32 \
-            or weight.dtype != torch.float32:
+    if not _ACTIVE or not 1 < rows <= _LIMIT.get(weight.shape, MAX_ROWS) or x.device.type != "cpu" \
+            or x.dtype != torch.float32 or weight.dtype != torch.float32:
         return F.linear(x, weight, bias)
     flat = x.reshape(rows, x.shape[-1])
     out = torch.mm(weight, flat.t()) if bias is None else torch.addmm(bias[:, None], weight, flat.t())
     out = out.t().contiguous() if contiguous else out.t()
     return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def _best_of(fn, reps: int) -> float:
+    fn()  # warm-up (allocation, kernel selection)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def measure(weight: torch.Tensor, rows: int, reps: int = 3) -> tuple[float, float]:
+    """(F.linear seconds, W @ X^T seconds) for `rows` random rows through this weight, best of reps each."""
+    x = torch.randn(rows, weight.shape[1], dtype=weight.dtype)
+    return (_best_of(lambda: F.linear(x, weight), reps),
+            _best_of(lambda: torch.mm(weight, x.t()).t().contiguous(), reps))
+
+
+def _cache_key() -> str:
+    from jetflow_sglang.machine import cpu_model
+
+    return f"{cpu_model()} | {torch.get_num_threads()} threads | torch {torch.__version__}"
+
+
+def tune(weights: Iterable[torch.Tensor], cache_file: str | Path | None = None, reps: int = 3) -> dict:
+    """For each distinct float32 CPU weight shape, the most rows (of ROWS, rising until it first loses) at which
+    W @ X^T is MARGIN faster than F.linear; linear() takes the transposed product only up to there. Shapes found in
+    `cache_file` (keyed by this machine's CPU model, threads and torch) are not measured again. Returns the limits."""
+    todo = {tuple(w.shape): w for w in weights
+            if w.dim() == 2 and w.dtype == torch.float32 and w.device.type == "cpu"}
+    key = _cache_key()
+    stored = {}
+    if cache_file is not None:
+        try:
+            stored = json.loads(Path(cache_file).read_text()).get(key, {})
+        except (OSError, ValueError):
+            stored = {}
+    fresh = False
+    for shape, w in todo.items():
+        name = f"{shape[0]}x{shape[1]}"
+        if name in stored:
+            _LIMIT[shape] = int(stored[name])
+            continue
+        limit = 0
+        for rows in ROWS:
+            stock, transposed = measure(w, rows, reps)
+            if transposed * MARGIN > stock:
+                break
+            limit = rows
+        _LIMIT[shape] = stored[name] = MAX_ROWS if limit == ROWS[-1] else limit
+        fresh = True
+    if fresh and cache_file is not None:
+        _save(Path(cache_file), key, stored)
+    return {s: _LIMIT[s] for s in todo}
+
+
+def _save(path: Path, key: str, limits: dict) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            data = {}
+        data[key] = limits
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache only costs a re-measurement next time
+
+
+def limits() -> dict[tuple[int, int], int]:
+    """The measured row limits so far (shape -> rows); shapes not in it take W @ X^T up to MAX_ROWS."""
+    return dict(_LIMIT)
+
+
+def set_limits(table: dict[tuple[int, int], int]) -> None:
+    """Replace the measured limits (benchmarks time the transposed product itself with {})."""
+    _LIMIT.clear()
+    _LIMIT.update({tuple(k): int(v) for k, v in table.items()})
 
 
 def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:

@@ -142,6 +142,11 @@ class HeadDrafter:
         # top-k), and its scores are then NaN.
         self.scores = scores
 
+    def gemm_weights(self) -> list[torch.Tensor]:
+        """Every weight the head multiplies rows by (the fused ones included): what rowgemm.tune measures."""
+        own = [p for p in self.head.parameters() if p.dim() == 2]
+        return own + [self.lm_weight, self.kv_weight] + [w for pair in self.fused for w in pair]
+
     @property
     def eager(self) -> bool:
         return self.tree_kind == "paper"

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 from typing import Sequence
 
 from jetflow_sglang.core import rowgemm
 from jetflow_sglang.core.budget import AdaptiveBudget
 from jetflow_sglang.core.tree import DraftTree, check_budget
+from jetflow_sglang.machine import cpu_model
 from jetflow_sglang.paths import cache_dir
 
 PRIOR_SIZES = (1, 4, 16, 64)
@@ -33,20 +33,9 @@ def profile_key(target) -> str:
         "accel": torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_model(),
         "threads": torch.get_num_threads(), "torch": torch.__version__,
         # the verify kernels change its cost (rowgemm only takes float32 products)
-        "gemm": "rowgemm-fp32" if _rowgemm_applies(target) and rowgemm.active() else "stock",
+        "gemm": _gemm_kind(target),
     }
     return json.dumps(fields, sort_keys=True)
-
-
-def cpu_model() -> str:
-    """The CPU's model name (what benchmarks record as the machine, and what a cost profile is keyed by)."""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _profile_path():
@@ -120,36 +109,31 @@ def _time_verify(target, sizes: list[int], reps: int, warmup: int = 2) -> dict[i
     return best
 
 
+def _gemm_kind(target) -> str:
+    """Which products the verify runs: stock, or rowgemm with this machine's row limits for the target's shapes."""
+    if not (_rowgemm_applies(target) and rowgemm.active()):
+        return "stock"
+    table = rowgemm.limits()
+    shapes = sorted({tuple(p.shape) for p in target.model.parameters() if p.dim() == 2})
+    return "rowgemm " + ",".join(f"{a}x{b}:{table.get((a, b), rowgemm.MAX_ROWS)}" for a, b in shapes)
+
+
 def _rowgemm_applies(target) -> bool:
     import torch
 
     return rowgemm.enabled(target.model) and target.dtype == torch.float32 and target.device.type == "cpu"
 
 
-def tune_gemm(target, sizes: Sequence[int] = (4, 16), reps: int = 2, cache: bool = True) -> bool:
-    """Keep rowgemm's transposed products only where they make this machine's verify faster: time target.verify at
-    `sizes` both ways (interleaved, best of reps) and keep rowgemm if it takes at most 0.9x the stock time. Once per
-    machine and model (cached beside the cost profiles); only float32 CPU targets, the one case rowgemm takes.
-    Sets rowgemm.activate for the process and returns the choice. Leaves the target's KV cache in a scratch state."""
+def tune_gemm(target, drafter=None) -> dict:
+    """Measure rowgemm's per-shape row limits for the target's (and the drafter's head's) float32 linears once per machine
+    (cached under paths.cache_dir()); rowgemm.linear then takes W @ X^T only for the shapes and row counts where it
+    measured faster. Returns {shape: rows}. Other dtypes and devices run stock and measure nothing."""
     if not _rowgemm_applies(target):
-        return rowgemm.active()
-    rowgemm.activate(True)
-    key = "gemm-choice " + profile_key(target)
-    persist = cache and bool(getattr(target.config, "_name_or_path", ""))
-    stored = _MEMO.get(key) or (_load_profiles().get(key) if persist else None)
-    if not stored:
-        total = {True: 0.0, False: 0.0}
-        for on in (True, False, True, False):  # interleaved, so drift on a busy machine hits both
-            rowgemm.activate(on)
-            total[on] += sum(_time_verify(target, list(sizes), reps).values())
-        stored = {"rowgemm_s": total[True] / 2, "stock_s": total[False] / 2}
-        stored["rowgemm"] = float(stored["rowgemm_s"] <= 0.9 * stored["stock_s"])
-        if cache:
-            _MEMO[key] = stored
-        if persist:
-            _save_profile(key, stored)
-    rowgemm.activate(bool(stored["rowgemm"]))
-    return rowgemm.active()
+        return {}
+    weights = [p for p in target.model.parameters() if p.dim() == 2]  # the linears (and embeddings)
+    base = getattr(drafter, "base", drafter)  # WithLookup wraps a HeadDrafter
+    weights += base.gemm_weights() if hasattr(base, "gemm_weights") else []
+    return rowgemm.tune(weights, cache_file=cache_dir() / "gemm_limits.json")
 
 
 def auto_budget(target, max_budget: int = 256, **kw) -> AdaptiveBudget:

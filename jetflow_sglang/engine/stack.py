@@ -91,17 +91,19 @@ def load_stack(target_dir=None, head_dir=None, dtype="auto", drafter=None, width
                              f"{cfg.block_size} slots drafts up to {cfg.block_size - 1} levels); got {depth}")
     head = load_head(wanted) if cfg is not None else None  # its weights are checked before the target is loaded
     target = Target.from_pretrained(target_dir, dtype=dtype, device=device)
-    tune_gemm(target)  # float32 on CPU: keep rowgemm only where this machine's verify measured faster with it
     exact_rows.setup(target, exact)
     if head is not None:
         head = attach_head(head, target)
         target.tap_layers = list(head.config.tap_layers)
     kw = {"tree": tree, "depth": depth, "lookup": bool(lookup)}
     if drafter in NO_HEAD:
-        return target, make_drafter(drafter, width=width, **kw)
-    if drafter in BIDIRECTIONAL_DRAFTERS:
-        return target, make_drafter(drafter, None, head, width=width, **kw)
-    return target, make_drafter(drafter, head, None, width=width, **kw)
+        made = make_drafter(drafter, width=width, **kw)
+    elif drafter in BIDIRECTIONAL_DRAFTERS:
+        made = make_drafter(drafter, None, head, width=width, **kw)
+    else:
+        made = make_drafter(drafter, head, None, width=width, **kw)
+    tune_gemm(target, made)  # float32 on CPU: W @ X^T only for the shapes and rows where it measured faster here
+    return target, made
 
 
 __all__ = ["DRAFTERS", "TREES", "check_device", "check_stack_args", "load_stack", "pick_head"]

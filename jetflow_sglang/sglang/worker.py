@@ -143,7 +143,7 @@ class JetFlowWorker(BaseSpecWorker):
         if str(self.device) == "cpu":  # verify GEMMs of batch x tree rows at one weight read (cpu_gemm.py)
             from jetflow_sglang.sglang.cpu.gemm import install
 
-            install(self.model_runner.model)
+            install(self.model_runner.model, self.head_drafter.gemm_weights() if self.head_drafter else ())
         # QLEN_ONLY (n*n per request) for this project's backends, FULL (n*(L+n)) for SGLang's custom-mask ones
         view = resolved_view(server_args)  # SGLang's decisions over the operator's raw flags
         self.full_mask = attention_backends_of(view)[1] not in (NATIVE_BACKEND, TRITON_BACKEND)

@@ -2,9 +2,11 @@
 
 A TARGET_VERIFY forward multiplies every weight by batch x tree-size rows; stock `F.linear` / `matmul(h, W.T)` cost
 1.7-3x a one-row product there on CPU, the transposed product about one weight read (bench/results/rowgemm.md).
-`install(model)` switches the target's unquantized linear layers (their quant method) and its LM head (the logits
-processor's plain-weight branch) to it. The worker calls it only for a CPU target, so a server without JETFLOW, and
-every GPU server, runs SGLang's own kernels; AMX-packed layers, quantized and LoRA heads keep theirs.
+`install(model, extra)` switches the target's unquantized linear layers (their quant method) and its LM head (the
+logits processor's plain-weight branch) to it, and measures per weight shape (the target's and the draft head's,
+`extra`) up to how many rows it beats F.linear on this machine (rowgemm.tune, cached under paths.cache_dir()): each
+product takes W @ X^T only there. The worker calls it only for a CPU target, so a server without JETFLOW, and every GPU
+server, runs SGLang's own kernels; AMX-packed layers, quantized and LoRA heads keep theirs.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
 from sglang.srt.utils.common import use_intel_amx_backend
 
 from jetflow_sglang.core import rowgemm
+from jetflow_sglang.paths import cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +53,9 @@ def _wrap_lm_head(processor) -> bool:
     return True
 
 
-def install(model) -> int:
-    """Switch the model's plain linears and LM head to rowgemm; returns how many layers changed (idempotent)."""
+def install(model, extra=()) -> int:
+    """Switch the model's plain linears and LM head to rowgemm and measure where it pays for their weights' shapes
+    and `extra` weights; returns how many layers changed (idempotent)."""
     n = 0
     for mod in model.modules():
         qm = getattr(mod, "quant_method", None)
@@ -61,5 +65,8 @@ def install(model) -> int:
     processor = getattr(model, "logits_processor", None)
     if processor is not None and hasattr(processor, "_compute_lm_head"):
         n += _wrap_lm_head(processor)
-    logger.info("JETFLOW: %d CPU linear layers compute multi-row products as W @ X^T", n)
+    weights = [p for p in model.parameters() if p.dim() == 2] + list(extra)
+    limits = rowgemm.tune(weights, cache_file=cache_dir() / "gemm_limits.json")
+    logger.info("JETFLOW: %d CPU linear layers; W @ X^T where it measured faster, rows per weight shape: %s", n,
+                ", ".join(f"{a}x{b}: {r}" for (a, b), r in sorted(limits.items())) or "none (not float32)")
     return n
