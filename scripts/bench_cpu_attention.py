@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import jetflow_sglang.kernels.hf_tree_attention as hta  # noqa: E402
-from jetflow_sglang.engine.profiling import cpu_model  # noqa: E402
+from jetflow_sglang.machine import cpu_model  # noqa: E402
 from jetflow_sglang.engine.stack import load_stack  # noqa: E402
 from jetflow_sglang.core.tree import DraftTree  # noqa: E402
 

@@ -42,7 +42,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_tau import build_drafter, load_prompts  # noqa: E402
 from jetflow_sglang.core import rowgemm  # noqa: E402
-from jetflow_sglang.engine.profiling import cpu_model, measure_cost_prior  # noqa: E402
+from jetflow_sglang.engine.profiling import measure_cost_prior  # noqa: E402
+from jetflow_sglang.machine import cpu_model  # noqa: E402
 from jetflow_sglang.draft.drafters import make_drafter  # noqa: E402
 from jetflow_sglang.engine.loop import autoregressive, run  # noqa: E402
 

@@ -45,16 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "sglang"))
 from sgl_server import Server, process_tree_cpu_s  # noqa: E402  (the same launcher the e2e tests use)
 
-from jetflow_sglang.engine.profiling import cpu_model  # noqa: E402
-
-
-def _bf16_isa() -> str:
-    """The CPU's native bfloat16 support ('AMX', 'AVX512-BF16' or 'no bf16'): it decides the dtype and verify cost."""
-    try:
-        flags = next((ln for ln in open("/proc/cpuinfo") if ln.startswith("flags")), "").split()
-    except OSError:
-        flags = []
-    return "AMX" if "amx_bf16" in flags else "AVX512-BF16" if "avx512_bf16" in flags else "no bf16"
+from jetflow_sglang.machine import bf16_isa, cpu_model  # noqa: E402
 
 
 CONFIGS = ("nospec", "jetflow-b8", "jetflow-b16", "jetflow-default", "jetflow-auto", "ngram")  # the default run
@@ -613,7 +604,7 @@ def main(argv=None) -> int:
             "dflash_head": dflash_head, "dflash_blocks": sorted({dflash_block(c) for c in dflash_names}),
             "requests_per_level": a.requests, "rounds": a.rounds, "prefix_tokens": a.prefix_tokens, "threads": a.threads,
             "burst_s": a.burst, "max_foreign_cpu": a.max_foreign_cpu, "retries": a.retries, "busy_at_start": busy,
-            "machine": f"{cpu_model()} ({_bf16_isa()}), {platform.machine()}, {os.cpu_count()} cores",
+            "machine": f"{cpu_model()} ({bf16_isa()}), {platform.machine()}, {os.cpu_count()} cores",
             "sglang": _version("sglang"), "torch": _version("torch"), "date": time.strftime("%Y-%m-%d %H:%M")}
     print(write_report(out, meta, results, failures))
     return 0

@@ -31,7 +31,7 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jetflow_sglang.engine.profiling import cpu_model  # noqa: E402
+from jetflow_sglang.machine import cpu_model  # noqa: E402
 from jetflow_sglang.draft.drafters import make_drafter  # noqa: E402
 from jetflow_sglang.engine.loop import autoregressive, run  # noqa: E402
 from jetflow_sglang.head import load_head  # noqa: E402

@@ -46,10 +46,10 @@ ROOT = Path(__file__).resolve().parents[1]
 for _p in (ROOT / "tests" / "sglang", ROOT / "scripts"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
-from bench_serving import _bf16_isa, _last_error, _version, config_args, load_prompts  # noqa: E402
+from bench_serving import _last_error, _version, config_args, load_prompts  # noqa: E402
 from sgl_server import Server  # noqa: E402
 
-from jetflow_sglang.engine.profiling import cpu_model  # noqa: E402
+from jetflow_sglang.machine import bf16_isa, cpu_model  # noqa: E402
 
 REGEXES = [r"[0-9]{1,4}(, [0-9]{1,4}){0,3}\.", r"(yes|no|maybe), because [a-z ]{1,30}\.",
            r"[A-Z][a-z]{1,8}( [a-z]{1,8}){1,4}\."]
@@ -805,7 +805,7 @@ def _run(a, argv, t0: float, deadline: float) -> int:
         "max_new_tokens": a.max_new_tokens, "max_prompt_chars": a.max_prompt_chars, "seed": a.seed,
         "max_minutes": a.max_minutes, "threads": a.threads, "together": a.together,
         "jetflow_args": [*common, *spec_args], "jetflow_env": spec_env, "plain_args": plain_args, "logs": str(logs),
-        "machine": f"{cpu_model()} ({_bf16_isa()}), {platform.machine()}, {os.cpu_count()} cores",
+        "machine": f"{cpu_model()} ({bf16_isa()}), {platform.machine()}, {os.cpu_count()} cores",
         "sglang": _version("sglang"), "torch": _version("torch"), "date": time.strftime("%Y-%m-%d %H:%M"),
         "wall_s": round(time.monotonic() - t0, 1)}
     result = {"meta": result.pop("meta"), **result}

@@ -11,12 +11,13 @@ PKG = ROOT / "jetflow_sglang"
 # layer -> the layers it may import (besides itself). Top-level modules are their own layers.
 ALLOWED = {
     "paths": set(),
+    "machine": set(),
     "core": set(),
     "kernels": {"core"},
     "head": {"core", "paths"},
     "draft": {"head", "core", "paths"},
-    "engine": {"draft", "head", "kernels", "core", "paths"},
-    "sglang": {"draft", "head", "kernels", "core", "paths"},  # the server never imports the HF engine
+    "engine": {"draft", "head", "kernels", "core", "paths", "machine"},
+    "sglang": {"draft", "head", "kernels", "core", "paths", "machine"},  # the server never imports the HF engine
     "train": {"head", "core", "paths"},
     "cli": {"engine", "draft", "head", "core", "paths"},
     "__init__": {"paths"},

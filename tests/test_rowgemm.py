@@ -34,7 +34,8 @@ def test_tune_takes_the_transposed_product_only_up_to_where_it_measured_faster(t
     monkeypatch.setattr(rowgemm, "measure", fake)
     always, some, never = torch.randn(48, 32), torch.randn(40, 32), torch.randn(24, 32)
     cache = tmp_path / "gemm_limits.json"
-    got = rowgemm.tune([always, some, never, never.clone(), torch.randn(8, 32, dtype=torch.bfloat16)], cache_file=cache)
+    got = rowgemm.tune([always, some, never, never.clone(), torch.randn(8, 32, dtype=torch.bfloat16)], cache_file=cache,
+                       machine="CPU A")
     assert got == {(48, 32): rowgemm.MAX_ROWS, (40, 32): 8, (24, 32): 0}  # bfloat16 is never measured (always stock)
     x8, x9 = torch.randn(8, 32), torch.randn(9, 32)
     assert rowgemm.linear(x8, some).stride() == (1, 8)  # transposed
@@ -43,11 +44,11 @@ def test_tune_takes_the_transposed_product_only_up_to_where_it_measured_faster(t
     assert rowgemm.linear(torch.randn(300, 32), always).stride() == (1, 300)
     rowgemm.set_limits({})  # a new process on the same machine reads the cache and measures nothing
     monkeypatch.setattr(rowgemm, "measure", lambda *a, **k: pytest.fail("measured a cached shape again"))
-    assert rowgemm.tune([some], cache_file=cache) == {(40, 32): 8}
-    monkeypatch.setattr(rowgemm, "_cache_key", lambda: "another machine")  # another machine measures again
-    monkeypatch.setattr(rowgemm, "measure", fake)
+    assert rowgemm.tune([some], cache_file=cache, machine="CPU A") == {(40, 32): 8}
+    monkeypatch.setattr(rowgemm, "measure", fake)  # another machine measures again
+    stops[(24, 32)] = 2
     rowgemm.set_limits({})
-    assert rowgemm.tune([never], cache_file=cache) == {(24, 32): 0}
+    assert rowgemm.tune([never], cache_file=cache, machine="CPU B") == {(24, 32): 2}
     assert len(json.loads(cache.read_text())) == 2
 
 

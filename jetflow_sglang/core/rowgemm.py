@@ -19,10 +19,12 @@ with AVX512-BF16, where the same product in float32 was 1.71x / 1.22x / 1.13x fa
 Whether it pays depends on the CPU's BLAS kernels and on the shape, so it is measured rather than assumed:
 - on a 2-core Intel Xeon with AVX-512 and AMX (2026-12-03) it lost at every size, a 4-node float32 verify 79 ms
   against 51 ms stock (`bench/results/rowgemm_xeon_amx.md`), where on the AVX2 EPYC above it won 1.3-1.8x;
-- on a 2-core AVX512-BF16 EPYC, one thread (2026-12-05), it lost 0.5-0.97x on every layer of SmolLM2-135M at every row
-  count but won on its 49152 x 576 LM head: 2.9x at 2 rows, 1.8x at 4, even at 8, 0.53-0.78x from 12 on.
-A whole-verify on/off switch (the engine's earlier choice) keeps the layers that lose along with the head that wins,
-and a SGLang verify of 32 rows (4 requests x 8) ran 7-9% behind SGLang's DFLASH, which keeps stock F.linear.
+- on a 2-core AVX512-BF16 EPYC, one thread (2026-12-05), it won 1.4-2.5x on every SmolLM2-135M weight at 2-4 rows,
+  was about even at 8 and lost 5-10% from 16 rows on; a SGLang verify of 32 rows (4 requests x 8) ran 7-9% behind
+  SGLang's DFLASH, which keeps stock F.linear, until the server measured this.
+A whole-verify on/off switch (the engine's earlier choice) cannot keep the small products and drop the large ones.
+The measurement streams the weights from memory, as a forward does: timed on one cache-resident weight, the same EPYC
+showed F.linear ahead at 2-8 rows, and a server following that ran its default 20-25% slower in float32.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 _FLAG = "_jetflow_rowgemm"
-ROWS = (2, 4, 8, 16, 32, 64, 128, 256)  # the row counts tune() measures, rising until W @ X^T first loses
+ROWS = (2, 4, 8, 16, 32, 64)  # the row counts tune() measures, rising until W @ X^T first loses
 MAX_ROWS = 1024  # larger products (training, long prefills) stay stock; a shape still ahead at ROWS[-1] goes to here
 MARGIN = 1.1  # W @ X^T must be this much faster than F.linear to be taken (a smaller gain is within noise)
 _ACTIVE = True
@@ -75,6 +77,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
+COLD_BYTES = 64 << 20  # a measurement streams this many bytes of weight copies: more than the CPU's caches hold
+
+
 def _best_of(fn, reps: int) -> float:
     fn()  # warm-up (allocation, kernel selection)
     best = float("inf")
@@ -85,26 +90,35 @@ def _best_of(fn, reps: int) -> float:
     return best
 
 
-def measure(weight: torch.Tensor, rows: int, reps: int = 3) -> tuple[float, float]:
-    """(F.linear seconds, W @ X^T seconds) for `rows` random rows through this weight, best of reps each."""
+def measure(weight: torch.Tensor, rows: int, reps: int = 2) -> tuple[float, float]:
+    """(F.linear seconds, W @ X^T seconds) for `rows` random rows through copies of this weight, best of reps each.
+
+    In a forward every weight is read once, from memory; the products run over COLD_BYTES of copies so that they
+    do too. (Timed on one cache-resident weight instead, F.linear won at 2-8 rows on an AVX512-BF16 EPYC, where in
+    the model W @ X^T won 1.4-2.5x there.)"""
+    copies = [weight.clone() for _ in range(max(1, min(512, COLD_BYTES // max(1, weight.numel() * 4))))]
     x = torch.randn(rows, weight.shape[1], dtype=weight.dtype)
-    return (_best_of(lambda: F.linear(x, weight), reps),
-            _best_of(lambda: torch.mm(weight, x.t()).t().contiguous(), reps))
+
+    def stock():
+        for w in copies:
+            F.linear(x, w)
+
+    def transposed():
+        for w in copies:
+            torch.mm(w, x.t()).t().contiguous()
+
+    return _best_of(stock, reps), _best_of(transposed, reps)
 
 
-def _cache_key() -> str:
-    from jetflow_sglang.machine import cpu_model
-
-    return f"{cpu_model()} | {torch.get_num_threads()} threads | torch {torch.__version__}"
-
-
-def tune(weights: Iterable[torch.Tensor], cache_file: str | Path | None = None, reps: int = 3) -> dict:
+def tune(weights: Iterable[torch.Tensor], cache_file: str | Path | None = None, machine: str = "",
+         reps: int = 2) -> dict:
     """For each distinct float32 CPU weight shape, the most rows (of ROWS, rising until it first loses) at which
     W @ X^T is MARGIN faster than F.linear; linear() takes the transposed product only up to there. Shapes found in
-    `cache_file` (keyed by this machine's CPU model, threads and torch) are not measured again. Returns the limits."""
+    `cache_file` under this machine (its CPU: machine.cpu_kind(), given by the caller), thread count and torch version
+    are not measured again. Returns the limits."""
     todo = {tuple(w.shape): w for w in weights
             if w.dim() == 2 and w.dtype == torch.float32 and w.device.type == "cpu"}
-    key = _cache_key()
+    key = f"{machine} | {torch.get_num_threads()} threads | torch {torch.__version__}"
     stored = {}
     if cache_file is not None:
         try:

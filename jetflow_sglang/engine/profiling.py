@@ -12,7 +12,7 @@ from typing import Sequence
 from jetflow_sglang.core import rowgemm
 from jetflow_sglang.core.budget import AdaptiveBudget
 from jetflow_sglang.core.tree import DraftTree, check_budget
-from jetflow_sglang.machine import cpu_model
+from jetflow_sglang.machine import cpu_kind
 from jetflow_sglang.paths import cache_dir
 
 PRIOR_SIZES = (1, 4, 16, 64)
@@ -30,7 +30,7 @@ def profile_key(target) -> str:
         "shape": [getattr(cfg, k, None) for k in ("model_type", "hidden_size", "num_hidden_layers", "intermediate_size",
                                                    "num_attention_heads", "num_key_value_heads", "vocab_size")],
         "dtype": str(target.dtype), "device": str(dev),
-        "accel": torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_model(),
+        "accel": torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_kind(),
         "threads": torch.get_num_threads(), "torch": torch.__version__,
         # the verify kernels change its cost (rowgemm only takes float32 products)
         "gemm": _gemm_kind(target),
@@ -133,7 +133,7 @@ def tune_gemm(target, drafter=None) -> dict:
     weights = [p for p in target.model.parameters() if p.dim() == 2]  # the linears (and embeddings)
     base = getattr(drafter, "base", drafter)  # WithLookup wraps a HeadDrafter
     weights += base.gemm_weights() if hasattr(base, "gemm_weights") else []
-    return rowgemm.tune(weights, cache_file=cache_dir() / "gemm_limits.json")
+    return rowgemm.tune(weights, cache_file=cache_dir() / "gemm_limits.json", machine=cpu_kind())
 
 
 def auto_budget(target, max_budget: int = 256, **kw) -> AdaptiveBudget:
@@ -141,4 +141,4 @@ def auto_budget(target, max_budget: int = 256, **kw) -> AdaptiveBudget:
     return AdaptiveBudget(max_budget=max_budget, cost_prior=measure_cost_prior(target), **kw)
 
 
-__all__ = ["PRIOR_SIZES", "auto_budget", "cpu_model", "measure_cost_prior", "profile_key", "tune_gemm"]
+__all__ = ["PRIOR_SIZES", "auto_budget", "measure_cost_prior", "profile_key", "tune_gemm"]

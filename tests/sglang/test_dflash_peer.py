@@ -6,6 +6,7 @@ bidirectional head in the DFlash release layout, float32, greedy:
 - JETFLOW with JETFLOW_DRAFTER=dflash (lookup off, fixed budget = DFLASH's block size) on the same head folder
   accepts exactly what DFLASH accepts: the same number of verify steps per request (spec_verify_ct in meta_info, so
   the same tokens per verify) and the same output;
+- that chain serves greedy, sampled and OpenAI-default requests batched together (greedy stays the plain output);
 - a causal release head ("jetspec" export, is_causal true) drafts causally: DFLASH needs as many verify steps as
   JETFLOW's width-1 tree of the same head;
 - without the switch, DFLASH still refuses the CPU (the patches are the benchmark's alone).
@@ -125,6 +126,31 @@ def _run(srv: Server, prompts: list[list[int]]) -> list[dict]:
     return outs
 
 
+def _mixed(srv: Server, prompts: list[list[int]]) -> list[tuple]:
+    """Greedy and sampled /generate calls and an OpenAI chat call with its default temperature (1.0), all at once,
+    so that the chain's rounds batch greedy and sampled requests together: (kind, prompt index, status, body)."""
+    import concurrent.futures as cf
+
+    import requests
+
+    model = requests.get(srv.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+
+    def call(job):
+        kind, i = job
+        if kind == "chat":
+            r = requests.post(srv.url + "/v1/chat/completions", timeout=300, json={
+                "model": model, "messages": [{"role": "user", "content": PROMPTS[i]}], "max_tokens": 16})
+        else:
+            params = {"max_new_tokens": NEW_TOKENS, "ignore_eos": True, "temperature": 0} if kind == "greedy" else \
+                {"max_new_tokens": NEW_TOKENS, "ignore_eos": True, "temperature": 0.8, "top_p": 0.9, "top_k": 20}
+            r = srv.post("/generate", {"input_ids": prompts[i], "sampling_params": params})
+        return kind, i, r.status_code, r.json()
+
+    jobs = [(kind, i) for i in range(len(prompts)) for kind in ("greedy", "sampled")] + [("chat", 0), ("chat", 1)]
+    with cf.ThreadPoolExecutor(len(jobs)) as pool:
+        return list(pool.map(call, jobs))
+
+
 def _state(srv: Server) -> dict:
     import requests
 
@@ -158,6 +184,7 @@ def runs(tmp_path_factory):
         jet.wait_ready()
         out["jetflow"] = _run(jet, prompts)
         out["jetflow_state"] = _state(jet)
+        out["jetflow_mixed"] = _mixed(jet, prompts)
     finally:
         jet.stop()
         dflash.stop()
@@ -185,6 +212,19 @@ def test_jetflow_dflash_drafter_accepts_exactly_what_dflash_accepts(runs):
         assert j["meta"]["spec_accept_length"] == pytest.approx(d["meta"]["spec_accept_length"]), p
     for key in ("dflash_state", "jetflow_state"):
         assert runs[key].get("avg_spec_accept_length") is None or runs[key]["avg_spec_accept_length"] >= 1.0, runs[key]
+
+
+def test_the_chain_serves_mixed_greedy_and_sampled_batches(runs):
+    """The chain drafter (no lookup, no KV move, argmax without log-softmax) with sampled requests in its rounds:
+    every call succeeds, sampled requests get their full length, and the greedy ones stay the plain server's."""
+    for kind, i, status, body in runs["jetflow_mixed"]:
+        assert status == 200, (kind, i, body)
+        if kind == "greedy":
+            assert body["output_ids"] == runs["plain"][i]["ids"], (kind, i)
+        elif kind == "sampled":
+            assert len(body["output_ids"]) == NEW_TOKENS and body["meta_info"]["spec_verify_ct"] > 0, (kind, i)
+        else:
+            assert body["choices"][0]["message"]["content"] is not None and body["usage"]["completion_tokens"] >= 1
 
 
 def test_a_causal_release_head_drafts_causally(runs, tmp_path):

@@ -17,6 +17,7 @@ from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
 from sglang.srt.utils.common import use_intel_amx_backend
 
 from jetflow_sglang.core import rowgemm
+from jetflow_sglang.machine import cpu_kind
 from jetflow_sglang.paths import cache_dir
 
 logger = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ def install(model, extra=()) -> int:
     if processor is not None and hasattr(processor, "_compute_lm_head"):
         n += _wrap_lm_head(processor)
     weights = [p for p in model.parameters() if p.dim() == 2] + list(extra)
-    limits = rowgemm.tune(weights, cache_file=cache_dir() / "gemm_limits.json")
+    limits = rowgemm.tune(weights, cache_file=cache_dir() / "gemm_limits.json", machine=cpu_kind())
     logger.info("JETFLOW: %d CPU linear layers; W @ X^T where it measured faster, rows per weight shape: %s", n,
                 ", ".join(f"{a}x{b}: {r}" for (a, b), r in sorted(limits.items())) or "none (not float32)")
     return n
