@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import platform
 
+from jetflow_sglang.core import rowgemm
+from jetflow_sglang.paths import cache_dir
+
 
 def cpu_model() -> str:
     """The CPU's model name (one name can cover CPUs with different vector units: see isa())."""
@@ -34,3 +37,8 @@ def cpu_kind() -> str:
     vec = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
     isa = bf16_isa()
     return f"{cpu_model()} ({isa if isa != 'no bf16' else vec})"
+
+
+def tune_rowgemm(weights) -> dict:
+    """rowgemm.tune for these weights on this machine, cached in the user cache (the engine and the server call it)."""
+    return rowgemm.tune(weights, cache_file=cache_dir() / "gemm_limits.json", machine=cpu_kind())

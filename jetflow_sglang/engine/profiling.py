@@ -12,7 +12,7 @@ from typing import Sequence
 from jetflow_sglang.core import rowgemm
 from jetflow_sglang.core.budget import AdaptiveBudget
 from jetflow_sglang.core.tree import DraftTree, check_budget
-from jetflow_sglang.machine import cpu_kind
+from jetflow_sglang.machine import cpu_kind, tune_rowgemm
 from jetflow_sglang.paths import cache_dir
 
 PRIOR_SIZES = (1, 4, 16, 64)
@@ -125,15 +125,15 @@ def _rowgemm_applies(target) -> bool:
 
 
 def tune_gemm(target, drafter=None) -> dict:
-    """Measure rowgemm's per-shape row limits for the target's (and the drafter's head's) float32 linears once per machine
-    (cached under paths.cache_dir()); rowgemm.linear then takes W @ X^T only for the shapes and row counts where it
+    """Measure rowgemm's per-shape row limits for the target's (and the drafter's head's) float32 linears, once per
+    machine (machine.tune_rowgemm); rowgemm.linear then takes W @ X^T only for the shapes and row counts where it
     measured faster. Returns {shape: rows}. Other dtypes and devices run stock and measure nothing."""
     if not _rowgemm_applies(target):
         return {}
     weights = [p for p in target.model.parameters() if p.dim() == 2]  # the linears (and embeddings)
     base = getattr(drafter, "base", drafter)  # WithLookup wraps a HeadDrafter
     weights += base.gemm_weights() if hasattr(base, "gemm_weights") else []
-    return rowgemm.tune(weights, cache_file=cache_dir() / "gemm_limits.json", machine=cpu_kind())
+    return tune_rowgemm(weights)
 
 
 def auto_budget(target, max_budget: int = 256, **kw) -> AdaptiveBudget:

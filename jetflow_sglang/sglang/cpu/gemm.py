@@ -4,7 +4,7 @@ A TARGET_VERIFY forward multiplies every weight by batch x tree-size rows; stock
 1.7-3x a one-row product there on CPU, the transposed product about one weight read (bench/results/rowgemm.md).
 `install(model, extra)` switches the target's unquantized linear layers (their quant method) and its LM head (the
 logits processor's plain-weight branch) to it, and measures per weight shape (the target's and the draft head's,
-`extra`) up to how many rows it beats F.linear on this machine (rowgemm.tune, cached under paths.cache_dir()): each
+`extra`) up to how many rows it beats F.linear on this machine (machine.tune_rowgemm, cached in the user cache): each
 product takes W @ X^T only there. The worker calls it only for a CPU target, so a server without JETFLOW, and every GPU
 server, runs SGLang's own kernels; AMX-packed layers, quantized and LoRA heads keep theirs.
 """
@@ -17,8 +17,7 @@ from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
 from sglang.srt.utils.common import use_intel_amx_backend
 
 from jetflow_sglang.core import rowgemm
-from jetflow_sglang.machine import cpu_kind
-from jetflow_sglang.paths import cache_dir
+from jetflow_sglang.machine import tune_rowgemm
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +66,7 @@ def install(model, extra=()) -> int:
     if processor is not None and hasattr(processor, "_compute_lm_head"):
         n += _wrap_lm_head(processor)
     weights = [p for p in model.parameters() if p.dim() == 2] + list(extra)
-    limits = rowgemm.tune(weights, cache_file=cache_dir() / "gemm_limits.json", machine=cpu_kind())
+    limits = tune_rowgemm(weights)
     logger.info("JETFLOW: %d CPU linear layers; W @ X^T where it measured faster, rows per weight shape: %s", n,
                 ", ".join(f"{a}x{b}: {r}" for (a, b), r in sorted(limits.items())) or "none (not float32)")
     return n
