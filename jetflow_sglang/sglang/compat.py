@@ -48,8 +48,9 @@ PATCHES = [
     ("sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController._add_speculative",
      "worker.py", "/server_info gains the worker's per-step state and avg_spec_accept_length from the first round"),
     ("sglang.srt.managers.scheduler.Scheduler.is_disable_overlap_for_batch", "penalties.py",
-     "overlap scheduler only: a JETFLOW decode batch with history-dependent penalties runs after the previous round "
-     "is processed, so its penalties count every output token (SGLang does the same for grammar batches)"),
+     "overlap scheduler only: a JETFLOW decode batch with history-dependent penalties or a custom logit processor "
+     "runs after the previous round is processed, so they see every output token (SGLang does the same for grammar "
+     "batches)"),
     ("sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator.__init__", "memory.py",
      "the per-token KV cell size counts the head's K/V and token-id rows, so the pool fits the memory budget"),
     ("sglang.srt.runtime_context.get_spec", "worker.py",

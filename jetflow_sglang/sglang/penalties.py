@@ -9,7 +9,7 @@ Semantics as SGLang's penaltylib (outputs only, OpenAI-style frequency/presence,
 speculative path: additive penalties, then the ban, then scaling. Nothing runs when no request uses penalties.
 
 On SGLang's overlap scheduler the host's `req.output_ids` are a round behind, so a decode batch in which a request
-uses a history-dependent penalty runs synchronously (`install_sync_fallback`: SGLang finishes the previous round
+uses a history-dependent penalty (or a custom logit processor: logit_chain.py) runs synchronously (`install_sync_fallback`: SGLang finishes the previous round
 first, as it does for grammar batches); the penalties stay exact, and other batches keep overlapping.
 """
 from __future__ import annotations
@@ -51,8 +51,11 @@ def _stop_ban(info, b: int, v: int, device):
 
 
 def needs_history(reqs) -> bool:
-    """True when some request's penalties read its output so far (frequency, presence, repetition, min_new_tokens)."""
+    """True when some request's logits may depend on its output so far: frequency, presence or repetition penalties,
+    min_new_tokens, or a custom logit processor (which may read `__req__.output_ids`: logit_chain.py)."""
     for r in reqs:
+        if getattr(r, "custom_logit_processor", None):
+            return True
         p = r.sampling_params
         if (p.frequency_penalty or 0.0) or (p.presence_penalty or 0.0) or (p.min_new_tokens or 0) \
                 or (p.repetition_penalty is not None and p.repetition_penalty != 1.0):
@@ -62,7 +65,8 @@ def needs_history(reqs) -> bool:
 
 def install_sync_fallback(algorithm: str) -> None:
     """Wrap SGLang's per-batch overlap switch (Scheduler.is_disable_overlap_for_batch, listed in compat.PATCHES) so
-    a JETFLOW decode batch whose penalties read the output history runs after the previous round is processed."""
+    a JETFLOW decode batch whose penalties or custom logit processors read the output history runs after the previous
+    round is processed."""
     from sglang.srt.managers.scheduler import Scheduler
 
     original = Scheduler.is_disable_overlap_for_batch
@@ -85,8 +89,6 @@ class PathPenalties:
         """logits [b*n, V] of the verified nodes -> penalised copy (or `logits` itself when nothing applies)."""
         info = batch.sampling_info
         b, n = tree.tokens.shape
-        if info.logit_bias is not None:
-            logits = logits + info.logit_bias.repeat_interleave(n, 0)
         params = [r.sampling_params for r in batch.reqs]
         freq = [float(p.frequency_penalty or 0.0) for p in params]
         pres = [float(p.presence_penalty or 0.0) for p in params]

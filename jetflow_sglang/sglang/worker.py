@@ -10,7 +10,9 @@ Per scheduler step:
                    (lookup_batch.merge_lookup over the token ids kept per KV slot: SlotTokens); the head-less
                    ngram drafter is that trie alone
            verify  one TARGET_VERIFY forward of all bs*n nodes under a tree mask built on the device
-           accept  greedy and rejection-sampling acceptance on the device (accept.py)
+           accept  each node's logits processed as plain decoding would (penalties, grammar, logit_bias, custom
+                   processors along the node's path: logit_chain.py), then greedy and rejection-sampling acceptance
+                   on the device (accept.py)
            commit  accepted nodes' target K/V moved to the front of the verify window, their head K/V written there;
                    the carry (each request's last token and length) published for the next round
 The round never waits for the device outside grammar and penalty batches: the anchors come from the carry (on the
@@ -40,7 +42,8 @@ from jetflow_sglang.sglang.accept import accept_batch, to_sglang
 from jetflow_sglang.sglang.attention_backend import NAME as NATIVE_BACKEND
 from jetflow_sglang.sglang.head_pool import HeadKVPool, SlotTokens, slots_of
 from jetflow_sglang.sglang.host_syncs import SyncCounter
-from jetflow_sglang.sglang.penalties import PathPenalties, install_sync_fallback, needs_history
+from jetflow_sglang.sglang.logit_chain import LogitChain
+from jetflow_sglang.sglang.penalties import install_sync_fallback, needs_history
 from jetflow_sglang.sglang.readback import Readback
 from jetflow_sglang.sglang.triton_backend import NAME as TRITON_BACKEND
 from jetflow_sglang.sglang.tp_sync import broadcast_from_rank0, broadcast_object_from_rank0, make_generator
@@ -161,7 +164,7 @@ class JetFlowWorker(BaseSpecWorker):
         self.stats = StepStats()
         self.pool: HeadKVPool | None = None
         self.tokens: SlotTokens | None = None
-        self.penalties = PathPenalties()
+        self.logit_chain = LogitChain()
         _install_server_info_hook()
         logger.info("JETFLOW worker: %s depth=%d overlap=%s tree mask=%s", self.cfg.describe(), self.depth,
                     self.overlap, "FULL" if self.full_mask else "QLEN_ONLY")
@@ -270,7 +273,7 @@ class JetFlowWorker(BaseSpecWorker):
         self.readback.mark()  # tree built
         out, res = self._verify(batch, tree)
         self.readback.mark()  # verified
-        path, bonus = self._accept(batch, tree, out.next_token_logits)
+        path, bonus = self._accept(batch, tree, out)
         broadcast_from_rank0([path, bonus])  # ... and accept one path
         self.readback.mark()  # accepted
         result = self._commit(batch, tree, out, res, path, bonus, on_publish)
@@ -413,24 +416,11 @@ class JetFlowWorker(BaseSpecWorker):
 
     # -- accept: on the device ----------------------------------------------------------------------------------
     @torch.no_grad()
-    def _accept(self, batch, tree: TreeBatch, logits):
-        info = batch.sampling_info
-        logits = self.penalties.apply(logits, batch, tree)
-        if batch.has_grammar:
-            logits = self._grammar(batch, tree, logits)
-        return accept_batch(tree, logits, info, self.width, self.generator)
-
-    def _grammar(self, batch, tree: TreeBatch, logits):
-        from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
-
-        r_next, r_sib = self._links
-        gtree = GrammarTree.from_host(r_next.cpu(), r_sib.cpu(), tree.tokens.cpu())
-        grammar_mask = build_grammar_vocab_mask(reqs=batch.reqs, tree=gtree, sampling_info=batch.sampling_info,
-                                                device=self.device, barrier=None)
-        if grammar_mask is not None:
-            logits = logits.clone()
-            grammar_mask.apply(logits)
-        return logits
+    def _accept(self, batch, tree: TreeBatch, out):
+        """Acceptance on each node's logits processed as plain decoding would (penalties, grammar, logit_bias, custom
+        processors: logit_chain.py); the returned logprobs are read from the same processed logits, as plain's are."""
+        out.next_token_logits = self.logit_chain.apply(out.next_token_logits, batch, tree, self._links)
+        return accept_batch(tree, out.next_token_logits, batch.sampling_info, self.width, self.generator)
 
     # -- commit: KV move, head rows, result ---------------------------------------------------------------------
     @torch.no_grad()

@@ -42,7 +42,8 @@ def servers(models, tmp_path_factory, request):
     spec = Server(target, ["--dtype", "float32", "--speculative-algorithm", "JETFLOW",
                            "--speculative-draft-model-path", head, "--speculative-num-draft-tokens", "6",
                            "--chunked-prefill-size", "64",  # long prompts arrive in chunks: head rows must add up
-                           "--max-running-requests", "8"],  # the radix cache stays on (SGLang's default)
+                           "--max-running-requests", "8",  # the radix cache stays on (SGLang's default)
+                           "--enable-custom-logit-processor"],
                   logs / "jetflow.log",  # a fixed budget: accept lengths are deterministic (auto: test_sglang_serving)
                   env={"JETFLOW_OVERLAP": "on" if request.param == "overlap" else "off", "JETFLOW_COUNT_SYNCS": "1"})
     plain = Server(target, ["--dtype", "float32", "--max-running-requests", "8"], logs / "plain.log")
@@ -265,7 +266,7 @@ class _SGLangPenalties:
 def plain_sync(models, tmp_path_factory):
     """The plain server with SGLang's overlap scheduler off (JETFLOW runs with it off too): the reference for
     penalties, whose counts lag the sampled tokens under the overlap scheduler."""
-    srv = Server(models[0], ["--dtype", "float32", "--disable-overlap-schedule"],
+    srv = Server(models[0], ["--dtype", "float32", "--disable-overlap-schedule", "--enable-custom-logit-processor"],
                  tmp_path_factory.mktemp("sgl_logs_sync") / "plain_sync.log")
     try:
         yield srv.wait_ready()
@@ -306,6 +307,74 @@ def _hf_penalised(model_dir, ids, pen, n):
             nxt = proc(seq, model(seq).logits[:, -1].float()).argmax(-1, keepdim=True)
             seq = torch.cat([seq, nxt], 1)
     return seq[0, len(ids):].tolist()
+
+
+def _processors():
+    from sglang.srt.sampling.custom_logit_processor import (DeepseekOCRNoRepeatNGramLogitProcessor,
+                                                             DisallowedTokensLogitsProcessor)
+
+    return DisallowedTokensLogitsProcessor.to_str(), DeepseekOCRNoRepeatNGramLogitProcessor.to_str()
+
+
+def test_custom_logit_processors_match_plain(servers, plain_sync, tok):
+    """Custom logit processors run on every tree node as plain decoding runs them on each step, in one batch with a
+    request that has none: SGLang's DisallowedTokensLogitsProcessor (stateless) and its no-repeat-n-gram processor,
+    which reads the history (`__req__.output_ids`) and so must see each node's path. Returned logprobs are read from
+    the processed logits, as plain SGLang's are. The reference is the plain server without the overlap scheduler:
+    with it, the history a processor reads lags a round."""
+    spec, _ = servers
+    banned, no_repeat = _processors()
+    ids = [tok(p).input_ids for p in PROMPTS]
+    free = plain_sync.generate(input_ids=ids[0], sampling_params={"max_new_tokens": 24, "temperature": 0,
+                                                                 "ignore_eos": True})["output_ids"]
+    reqs = [dict(input_ids=ids[0], custom_logit_processor=banned,  # ban what it would say after its first token
+                 sampling_params={"custom_params": {"token_ids": sorted(set(free[1:6]))}}),
+            dict(input_ids=ids[1], custom_logit_processor=no_repeat,
+                 sampling_params={"custom_params": {"ngram_size": 2, "window_size": 64}}),
+            dict(input_ids=ids[2], custom_logit_processor=no_repeat,
+                 sampling_params={"custom_params": {"ngram_size": 1, "window_size": 8}}),
+            dict(input_ids=ids[3], sampling_params={})]
+    for r in reqs:
+        r["sampling_params"].update(max_new_tokens=24, temperature=0, ignore_eos=True)
+        r.update(return_logprob=True)
+    with cf.ThreadPoolExecutor(len(reqs)) as ex:  # one batch
+        got = list(ex.map(lambda r: spec.generate(**r), reqs))
+    want = [plain_sync.generate(**r) for r in reqs]
+    for r, a, b in zip(reqs, got, want):
+        assert a["output_ids"] == b["output_ids"], r
+        la, lb = a["meta_info"]["output_token_logprobs"], b["meta_info"]["output_token_logprobs"]
+        assert all(abs(x[0] - y[0]) < 1e-3 for x, y in zip(la, lb)), (r, la, lb)
+    assert not set(free[1:6]) & set(got[0]["output_ids"][1:])  # the processors bit
+    out = got[1]["output_ids"]
+    assert len(set(zip(out, out[1:]))) == len(out) - 1  # no bigram twice: the history reached every node
+    assert len(set(got[2]["output_ids"][-8:])) == 8
+    assert sum(a["meta_info"]["spec_verify_ct"] for a in got[1:3]) < 46  # drafts accepted: paths carried history
+
+
+def test_logprobs_read_the_processed_logits(servers, plain_sync, tok):
+    """With logit_bias, penalties or a grammar, plain SGLang returns logprobs of the processed logits (a grammar's
+    forced tokens at 0.0); JETFLOW returns the same ones, top logprobs included."""
+    spec, _ = servers
+    ids = tok("the cat the cat the cat the").input_ids
+    cases = [{"logit_bias": {str(ids[1]): 2.0, str(ids[2]): -3.0}},
+             {"frequency_penalty": 0.8, "repetition_penalty": 1.2, "logit_bias": {str(ids[1]): 1.0}},
+             {"regex": "[0-9]{3}-[0-9]{2}"}]
+    for extra in cases:
+        body = dict(input_ids=ids, return_logprob=True, top_logprobs_num=3,
+                    sampling_params={"max_new_tokens": 16, "temperature": 0, **extra})
+        a, b = spec.generate(**body), plain_sync.generate(**body)
+        assert a["output_ids"] == b["output_ids"], extra
+        for key in ("output_token_logprobs", "output_top_logprobs"):
+            fa, fb = _flat(a["meta_info"][key]), _flat(b["meta_info"][key])
+            assert [t for _, t in fa] == [t for _, t in fb], (extra, key)
+            assert all(abs(x - y) < 1e-3 for (x, _), (y, _) in zip(fa, fb)), (extra, key, fa, fb)
+
+
+def _flat(entries) -> list[tuple[float, int]]:
+    """(logprob, token id) of nested logprob entries [logprob, id, text] (top logprobs: a list of them per token)."""
+    if entries and isinstance(entries[0], list) and entries[0] and isinstance(entries[0][0], list):
+        return [e for row in entries for e in _flat(row)]
+    return [(e[0], e[1]) for e in entries]
 
 
 def test_sampling_runs_and_respects_limits(servers):
