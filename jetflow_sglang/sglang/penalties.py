@@ -9,8 +9,9 @@ Semantics as SGLang's penaltylib (outputs only, OpenAI-style frequency/presence,
 speculative path: additive penalties, then the ban, then scaling. Nothing runs when no request uses penalties.
 
 On SGLang's overlap scheduler the host's `req.output_ids` are a round behind, so a decode batch in which a request
-uses a history-dependent penalty (or a custom logit processor: logit_chain.py) runs synchronously (`install_sync_fallback`: SGLang finishes the previous round
-first, as it does for grammar batches); the penalties stay exact, and other batches keep overlapping.
+uses a history-dependent penalty (or a custom logit processor: logit_chain.py) runs synchronously
+(`install_sync_fallback`: SGLang finishes the previous round first, as it does for grammar batches); the penalties
+stay exact, and other batches keep overlapping.
 """
 from __future__ import annotations
 
@@ -41,13 +42,26 @@ def scale(logits: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return torch.where(logits < 0, logits * s, logits / s)
 
 
-def _stop_ban(info, b: int, v: int, device):
-    """SGLang's per-request stop-token penalties (-inf at stop ids) from its min-new-tokens penalizer, if prepared."""
-    orch = getattr(info, "penalizer_orchestrator", None)
-    for p in (orch.penalizers.values() if orch is not None else ()):
-        if getattr(p, "_is_prepared", False) and hasattr(p, "stop_token_penalties"):
-            return p.stop_token_penalties[:, :v].to(device)
-    return torch.zeros(b, v, device=device)
+def stop_ids(req) -> set[int]:
+    """The tokens that would end `req`, which min_new_tokens bans until it is reached: its stop_token_ids, its EOS ids
+    and the tokenizer's (the set SGLang's min-new-tokens penalizer bans). Read from the request: the batch a
+    speculative worker gets carries no penalizer state (SGLang's forward copy drops the orchestrator)."""
+    tok = getattr(req, "tokenizer", None)
+    ids = set(req.sampling_params.stop_token_ids or ()) | set(getattr(req, "eos_token_ids", None) or ())
+    if tok is not None:
+        ids |= set(getattr(tok, "additional_stop_token_ids", None) or ())
+        ids.add(getattr(tok, "eos_token_id", None))
+    return {int(i) for i in ids if i is not None}
+
+
+def _stop_ban(reqs, v: int, device) -> torch.Tensor:
+    """[b, V]: -inf at each request's stop tokens (stop_ids), 0 elsewhere."""
+    ban = torch.zeros(len(reqs), v, device=device)
+    for i, r in enumerate(reqs):
+        ids = [t for t in stop_ids(r) if 0 <= t < v]
+        if ids:
+            ban[i, ids] = float("-inf")
+    return ban
 
 
 def needs_history(reqs) -> bool:
@@ -87,7 +101,6 @@ def install_sync_fallback(algorithm: str) -> None:
 class PathPenalties:
     def apply(self, logits: torch.Tensor, batch, tree) -> torch.Tensor:
         """logits [b*n, V] of the verified nodes -> penalised copy (or `logits` itself when nothing applies)."""
-        info = batch.sampling_info
         b, n = tree.tokens.shape
         params = [r.sampling_params for r in batch.reqs]
         freq = [float(p.frequency_penalty or 0.0) for p in params]
@@ -105,7 +118,7 @@ class PathPenalties:
         if any(min_new):
             length = torch.tensor([len(r.output_ids) for r in batch.reqs], device=dev)[:, None] + tree.depths
             ban = (length < torch.tensor(min_new, device=dev)[:, None])[..., None]
-            out = out + torch.where(ban, _stop_ban(info, b, v, dev)[:, None], torch.zeros_like(out))
+            out = out + torch.where(ban, _stop_ban(batch.reqs, v, dev)[:, None], torch.zeros_like(out))
         if any(r != 1.0 for r in rep):
             out = scale(out, torch.where(seen > 0, t(rep).expand(b, n, v), torch.ones_like(out)))
         return out.view(b * n, v).to(logits.dtype)

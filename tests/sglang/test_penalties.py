@@ -15,20 +15,25 @@ V = 12
 STOP = 11
 
 
+STOPS = [{7, STOP}, {9, STOP}]  # what min_new_tokens bans per request: stop_token_ids, EOS ids, the tokenizer's
+
+
 def _batch(committed: list[list[int]], freq, pres, rep, min_new):
-    """A ScheduleBatch stand-in: requests with output_ids and sampling params, and SGLang's stop-token penalties."""
-    reqs = [types.SimpleNamespace(output_ids=list(c), sampling_params=types.SimpleNamespace(
-        frequency_penalty=f, presence_penalty=p, repetition_penalty=r, min_new_tokens=m))
-        for c, f, p, r, m in zip(committed, freq, pres, rep, min_new)]
-    stop = torch.zeros(len(reqs), V)
-    stop[:, STOP] = float("-inf")
-    mnt = types.SimpleNamespace(_is_prepared=True, stop_token_penalties=stop)
-    orch = types.SimpleNamespace(is_required=True, penalizers={"min_new_tokens": mnt})
-    info = types.SimpleNamespace(penalizer_orchestrator=orch, logit_bias=None)
+    """A ScheduleBatch as SGLang hands it to a speculative worker: requests with output_ids, sampling params and their
+    stop tokens (request 0: stop_token_ids and EOS ids; request 1: the tokenizer's EOS and additional stop ids), and
+    a forward copy of the sampling info, which carries no penalizer state."""
+    reqs = []
+    for i, (c, f, p, r, m) in enumerate(zip(committed, freq, pres, rep, min_new)):
+        sp = types.SimpleNamespace(frequency_penalty=f, presence_penalty=p, repetition_penalty=r, min_new_tokens=m,
+                                   stop_token_ids={7} if i == 0 else None)
+        tokenizer = types.SimpleNamespace(eos_token_id=STOP, additional_stop_token_ids={9}) if i else None
+        reqs.append(types.SimpleNamespace(output_ids=list(c), sampling_params=sp, tokenizer=tokenizer,
+                                          eos_token_ids={STOP} if i == 0 else None))
+    info = types.SimpleNamespace(penalizer_orchestrator=None, logit_bias=None)
     return types.SimpleNamespace(reqs=reqs, sampling_info=info)
 
 
-def _reference(logits, committed, tree: DraftTree, f, p, r, min_new, stop_id=STOP):
+def _reference(logits, committed, tree: DraftTree, f, p, r, min_new, stops):
     out = logits.clone()
     for node in range(len(tree)):
         path = [tree.tokens[i] for i in tree.path_to(node)[1:]]
@@ -37,7 +42,7 @@ def _reference(logits, committed, tree: DraftTree, f, p, r, min_new, stop_id=STO
         for t in set(seen):
             row[t] -= f * seen.count(t) + p
         if len(committed) + tree.depths[node] < min_new:
-            row[stop_id] = float("-inf")
+            row[sorted(stops)] = float("-inf")
         for t in set(seen):
             row[t] = row[t] * r if row[t] < 0 else row[t] / r
     return out
@@ -58,12 +63,12 @@ def test_every_node_is_penalised_with_its_own_path():
     torch.manual_seed(0)
     trees = _trees()
     committed = [[3, 4, 4], [1]]
-    f, p, r, mn = [0.5, 1.0], [0.3, 0.0], [1.3, 1.7], [5, 0]
+    f, p, r, mn = [0.5, 1.0], [0.3, 0.0], [1.3, 1.7], [5, 3]
     tb = TreeBatch.from_trees(trees, budget=6)
     logits = torch.randn(2 * 6, V) * 3
     got = PathPenalties().apply(logits, _batch(committed, f, p, r, mn), tb).view(2, 6, V)
     for i, t in enumerate(trees):
-        ref = _reference(logits.view(2, 6, V)[i, :len(t)], committed[i], t, f[i], p[i], r[i], mn[i])
+        ref = _reference(logits.view(2, 6, V)[i, :len(t)], committed[i], t, f[i], p[i], r[i], mn[i], STOPS[i])
         torch.testing.assert_close(got[i, :len(t)], ref)
 
 

@@ -294,6 +294,24 @@ def test_penalties_per_path_match_hf_and_plain(servers, plain_sync, models, tok,
     assert a["meta_info"]["spec_verify_ct"] < 32  # drafts were accepted, so paths really carried penalties
 
 
+def test_min_new_tokens_bans_stop_tokens_at_every_node(servers, plain_sync, tok):
+    """min_new_tokens bans each request's stop tokens (its stop_token_ids and EOS ids) until it is reached, at every
+    tree node: stop ids the unconstrained output says early are banned, as on the plain server. (The batch a
+    speculative worker gets has no penalizer state: the ban comes from the request.)"""
+    spec, _ = servers
+    ids = [tok(p).input_ids for p in PROMPTS[:2]]
+    free = [plain_sync.generate(input_ids=i, sampling_params={"max_new_tokens": 8, "temperature": 0,
+                                                              "ignore_eos": True})["output_ids"] for i in ids]
+    bodies = [dict(input_ids=i, sampling_params={"max_new_tokens": 24, "temperature": 0, "min_new_tokens": 12,
+                                                 "stop_token_ids": sorted(set(f[1:4]))}) for i, f in zip(ids, free)]
+    with cf.ThreadPoolExecutor(2) as ex:
+        got = list(ex.map(lambda b: spec.generate(**b), bodies))
+    for body, a in zip(bodies, got):
+        assert a["output_ids"] == plain_sync.generate(**body)["output_ids"], body
+        assert not set(body["sampling_params"]["stop_token_ids"]) & set(a["output_ids"][:12])
+    assert sum(a["meta_info"]["spec_verify_ct"] for a in got) < sum(len(a["output_ids"]) for a in got) - 2
+
+
 def _hf_penalised(model_dir, ids, pen, n):
     """HF forward + penaltylib's rules, argmax (generate's min_new_tokens would touch EOS)."""
     from transformers import AutoModelForCausalLM
