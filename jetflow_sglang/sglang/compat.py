@@ -59,6 +59,9 @@ PATCHES = [
      "CPU only, per model instance: multi-row LM-head products as W @ X^T (rowgemm)"),
     ("sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod", "cpu/gemm.py",
      "CPU only: the target's unquantized linear layers switch to a subclass that runs rowgemm"),
+    ("sglang.srt.mem_cache.allocation.get_last_loc", "cpu/paging.py",
+     "CPU target only: with --page-size > 1 the speculative KV reservation looks up each request's last slot in "
+     "torch (SGLang's own get_last_loc_torch) instead of a Triton kernel, which a CPU cannot run"),
     ("sgl_kernel", "cpu/ops.py",
      "CPU only (JETFLOW_SGLANG_CPU=1): a pure-torch stand-in module for the CUDA-only kernels, and a torchvision stub"),
 ]

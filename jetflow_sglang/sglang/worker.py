@@ -143,10 +143,11 @@ class JetFlowWorker(BaseSpecWorker):
         # A chain's accepted nodes are its first ones, already at the front of the verify window: no KV move
         self.chain = self.head_drafter is not None and self.head_drafter.mode == "chain" and self.ngram is None
         self.capture = CaptureHiddenMode.FULL if self.head is not None else None
-        if str(self.device) == "cpu":  # verify GEMMs of batch x tree rows at one weight read (cpu_gemm.py)
-            from jetflow_sglang.sglang.cpu.gemm import install
+        if str(self.device) == "cpu":  # verify GEMMs of batch x tree rows at one weight read (cpu/gemm.py)
+            from jetflow_sglang.sglang.cpu import gemm, paging
 
-            install(self.model_runner.model, self.head_drafter.gemm_weights() if self.head_drafter else ())
+            gemm.install(self.model_runner.model, self.head_drafter.gemm_weights() if self.head_drafter else ())
+            paging.install()  # --page-size > 1: SGLang's KV reservation for a round, without Triton
         # QLEN_ONLY (n*n per request) for this project's backends, FULL (n*(L+n)) for SGLang's custom-mask ones
         view = resolved_view(server_args)  # SGLang's decisions over the operator's raw flags
         self.full_mask = attention_backends_of(view)[1] not in (NATIVE_BACKEND, TRITON_BACKEND)
