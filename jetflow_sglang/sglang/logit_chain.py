@@ -23,7 +23,7 @@ import copy
 import torch
 
 from jetflow_sglang.core.tree_batch import TreeBatch
-from jetflow_sglang.sglang.penalties import PathPenalties
+from jetflow_sglang.sglang.penalties import penalise
 
 
 class _NodeReq:
@@ -38,15 +38,6 @@ class _NodeReq:
         return getattr(self._req, name)
 
 
-def _path(tokens: list[int], parents: list[int], node: int) -> list[int]:
-    """The drafted tokens from the root's child down to `node` (the root is the last output token already)."""
-    out = []
-    while node > 0:
-        out.append(tokens[node])
-        node = parents[node]
-    return out[::-1]
-
-
 def _at_node(params, req, path: list[int]):
     if not isinstance(params, dict) or "__req__" not in params or not path:
         return params
@@ -54,28 +45,31 @@ def _at_node(params, req, path: list[int]):
 
 
 def custom_processors(logits: torch.Tensor, batch, tree: TreeBatch) -> torch.Tensor:
-    """Apply each request's custom logit processor to its nodes' rows of `logits` [b*n, V] (in place)."""
+    """Apply each request's custom logit processor to its nodes' rows of `logits` [b*n, V] (in place). Padding rows
+    (never accepted) get the committed request."""
     info = batch.sampling_info
     n = tree.tokens.shape[1]
-    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
+    trees = tree.trees()  # host copies
     for entry in info.custom_logit_processor.values():
         rows, params = [], []
         for i in entry.rows:
+            t = trees[i]
             for j in range(n):
+                path = [t.tokens[k] for k in t.path_to(j)[1:]] if j < len(t) else []  # the root is already output
                 rows.append(i * n + j)
-                params.append(_at_node(info.custom_params[i], batch.reqs[i], _path(tokens[i], parents[i], j)))
+                params.append(_at_node(info.custom_params[i], batch.reqs[i], path))
         index = torch.tensor(rows, device=logits.device)
         result = entry.processor(logits.index_select(0, index), params)
         logits.index_copy_(0, index, result.to(logits.dtype))
     return logits
 
 
-def grammar_mask(logits: torch.Tensor, batch, links) -> torch.Tensor:
+def grammar_mask(logits: torch.Tensor, batch, tree: TreeBatch, links) -> torch.Tensor:
     """Mask each node with its request's grammar advanced along the node's path (a copy of `logits`)."""
     from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
 
-    r_next, r_sib, draft = links
-    gtree = GrammarTree.from_host(r_next.cpu(), r_sib.cpu(), draft.cpu())
+    r_next, r_sib = links
+    gtree = GrammarTree.from_host(r_next.cpu(), r_sib.cpu(), tree.tokens.cpu())
     mask = build_grammar_vocab_mask(reqs=batch.reqs, tree=gtree, sampling_info=batch.sampling_info,
                                     device=logits.device, barrier=None)
     if mask is not None:
@@ -84,20 +78,15 @@ def grammar_mask(logits: torch.Tensor, batch, links) -> torch.Tensor:
     return logits
 
 
-class LogitChain:
-    def __init__(self):
-        self.penalties = PathPenalties()
-
-    def apply(self, logits: torch.Tensor, batch, tree: TreeBatch, links) -> torch.Tensor:
-        """logits [b*n, V] of the verified nodes -> processed logits (`logits` itself when nothing applies).
-        links: (retrieve_next_token, retrieve_next_sibling) of the verify input, for the grammar."""
-        info = batch.sampling_info
-        n = tree.tokens.shape[1]
-        logits = self.penalties.apply(logits, batch, tree)
-        if batch.has_grammar:
-            logits = grammar_mask(logits, batch, (*links, tree.tokens))
-        if info.logit_bias is not None:
-            logits = logits + info.logit_bias.repeat_interleave(n, 0).to(logits.dtype)
-        if getattr(info, "has_custom_logit_processor", False):
-            logits = custom_processors(logits, batch, tree)  # in place, as plain SGLang's sampler
-        return logits
+def process(logits: torch.Tensor, batch, tree: TreeBatch, links) -> torch.Tensor:
+    """logits [b*n, V] of the verified nodes -> processed logits (`logits` itself when nothing applies).
+    links: (retrieve_next_token, retrieve_next_sibling) of the verify input, for the grammar."""
+    info = batch.sampling_info
+    logits = penalise(logits, batch, tree)
+    if batch.has_grammar:
+        logits = grammar_mask(logits, batch, tree, links)
+    if info.logit_bias is not None:
+        logits = logits + info.logit_bias.repeat_interleave(tree.tokens.shape[1], 0).to(logits.dtype)
+    if getattr(info, "has_custom_logit_processor", False):
+        logits = custom_processors(logits, batch, tree)  # in place, as plain SGLang's sampler
+    return logits

@@ -98,27 +98,26 @@ def install_sync_fallback(algorithm: str) -> None:
     Scheduler.is_disable_overlap_for_batch = is_disable_overlap_for_batch
 
 
-class PathPenalties:
-    def apply(self, logits: torch.Tensor, batch, tree) -> torch.Tensor:
-        """logits [b*n, V] of the verified nodes -> penalised copy (or `logits` itself when nothing applies)."""
-        b, n = tree.tokens.shape
-        params = [r.sampling_params for r in batch.reqs]
-        freq = [float(p.frequency_penalty or 0.0) for p in params]
-        pres = [float(p.presence_penalty or 0.0) for p in params]
-        rep = [float(p.repetition_penalty if p.repetition_penalty is not None else 1.0) for p in params]
-        min_new = [int(p.min_new_tokens or 0) for p in params]
-        if not (any(freq) or any(pres) or any(r != 1.0 for r in rep) or any(min_new)):
-            return logits
-        dev, v = logits.device, logits.shape[-1]
-        t = lambda xs: torch.tensor(xs, device=dev)[:, None, None]  # noqa: E731
-        out = logits.float().view(b, n, v).clone()
-        counts = output_counts(batch.reqs, v, dev)[:, None] + path_counts(tree.tokens, tree.ancestor_mask(), v)
-        seen = (counts > 0).float()
-        out -= t(freq) * counts + t(pres) * seen
-        if any(min_new):
-            length = torch.tensor([len(r.output_ids) for r in batch.reqs], device=dev)[:, None] + tree.depths
-            ban = (length < torch.tensor(min_new, device=dev)[:, None])[..., None]
-            out = out + torch.where(ban, _stop_ban(batch.reqs, v, dev)[:, None], torch.zeros_like(out))
-        if any(r != 1.0 for r in rep):
-            out = scale(out, torch.where(seen > 0, t(rep).expand(b, n, v), torch.ones_like(out)))
-        return out.view(b * n, v).to(logits.dtype)
+def penalise(logits: torch.Tensor, batch, tree) -> torch.Tensor:
+    """logits [b*n, V] of the verified nodes -> penalised copy (or `logits` itself when nothing applies)."""
+    b, n = tree.tokens.shape
+    params = [r.sampling_params for r in batch.reqs]
+    freq = [float(p.frequency_penalty or 0.0) for p in params]
+    pres = [float(p.presence_penalty or 0.0) for p in params]
+    rep = [float(p.repetition_penalty if p.repetition_penalty is not None else 1.0) for p in params]
+    min_new = [int(p.min_new_tokens or 0) for p in params]
+    if not (any(freq) or any(pres) or any(r != 1.0 for r in rep) or any(min_new)):
+        return logits
+    dev, v = logits.device, logits.shape[-1]
+    t = lambda xs: torch.tensor(xs, device=dev)[:, None, None]  # noqa: E731
+    out = logits.float().view(b, n, v).clone()
+    counts = output_counts(batch.reqs, v, dev)[:, None] + path_counts(tree.tokens, tree.ancestor_mask(), v)
+    seen = (counts > 0).float()
+    out -= t(freq) * counts + t(pres) * seen
+    if any(min_new):
+        length = torch.tensor([len(r.output_ids) for r in batch.reqs], device=dev)[:, None] + tree.depths
+        ban = (length < torch.tensor(min_new, device=dev)[:, None])[..., None]
+        out = out + torch.where(ban, _stop_ban(batch.reqs, v, dev)[:, None], torch.zeros_like(out))
+    if any(r != 1.0 for r in rep):
+        out = scale(out, torch.where(seen > 0, t(rep).expand(b, n, v), torch.ones_like(out)))
+    return out.view(b * n, v).to(logits.dtype)

@@ -42,7 +42,7 @@ from jetflow_sglang.sglang.accept import accept_batch, to_sglang
 from jetflow_sglang.sglang.attention_backend import NAME as NATIVE_BACKEND
 from jetflow_sglang.sglang.head_pool import HeadKVPool, SlotTokens, slots_of
 from jetflow_sglang.sglang.host_syncs import SyncCounter
-from jetflow_sglang.sglang.logit_chain import LogitChain
+from jetflow_sglang.sglang import logit_chain
 from jetflow_sglang.sglang.penalties import install_sync_fallback, needs_history
 from jetflow_sglang.sglang.readback import Readback
 from jetflow_sglang.sglang.triton_backend import NAME as TRITON_BACKEND
@@ -165,7 +165,6 @@ class JetFlowWorker(BaseSpecWorker):
         self.stats = StepStats()
         self.pool: HeadKVPool | None = None
         self.tokens: SlotTokens | None = None
-        self.logit_chain = LogitChain()
         _install_server_info_hook()
         logger.info("JETFLOW worker: %s depth=%d overlap=%s tree mask=%s", self.cfg.describe(), self.depth,
                     self.overlap, "FULL" if self.full_mask else "QLEN_ONLY")
@@ -420,7 +419,7 @@ class JetFlowWorker(BaseSpecWorker):
     def _accept(self, batch, tree: TreeBatch, out):
         """Acceptance on each node's logits processed as plain decoding would (penalties, grammar, logit_bias, custom
         processors: logit_chain.py); the returned logprobs are read from the same processed logits, as plain's are."""
-        out.next_token_logits = self.logit_chain.apply(out.next_token_logits, batch, tree, self._links)
+        out.next_token_logits = logit_chain.process(out.next_token_logits, batch, tree, self._links)
         return accept_batch(tree, out.next_token_logits, batch.sampling_info, self.width, self.generator)
 
     # -- commit: KV move, head rows, result ---------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""Penalties per tree path (jetflow_sglang.sglang.penalties) against a brute-force walk of every node's path (the
-request's output tokens + the drafted tokens on the node's path). The server-level check against HF is in
+"""Penalties per tree path (jetflow_sglang.sglang.penalties.penalise) against a brute-force walk of every node's path
+(the request's output tokens + the drafted tokens on the node's path). The server-level check against HF is in
 test_sglang_server.py (test_penalties_per_path_match_hf_and_plain)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import types
 
 import torch
 
-from jetflow_sglang.sglang.penalties import PathPenalties
+from jetflow_sglang.sglang.penalties import penalise
 from jetflow_sglang.core.tree import DraftTree
 from jetflow_sglang.core.tree_batch import TreeBatch
 
@@ -66,7 +66,7 @@ def test_every_node_is_penalised_with_its_own_path():
     f, p, r, mn = [0.5, 1.0], [0.3, 0.0], [1.3, 1.7], [5, 3]
     tb = TreeBatch.from_trees(trees, budget=6)
     logits = torch.randn(2 * 6, V) * 3
-    got = PathPenalties().apply(logits, _batch(committed, f, p, r, mn), tb).view(2, 6, V)
+    got = penalise(logits, _batch(committed, f, p, r, mn), tb).view(2, 6, V)
     for i, t in enumerate(trees):
         ref = _reference(logits.view(2, 6, V)[i, :len(t)], committed[i], t, f[i], p[i], r[i], mn[i], STOPS[i])
         torch.testing.assert_close(got[i, :len(t)], ref)
@@ -75,4 +75,4 @@ def test_every_node_is_penalised_with_its_own_path():
 def test_no_penalties_no_copy():
     tb = TreeBatch.from_trees(_trees(), budget=6)
     logits = torch.randn(12, V)
-    assert PathPenalties().apply(logits, _batch([[3], [1]], [0.0] * 2, [0.0] * 2, [1.0] * 2, [0, 0]), tb) is logits
+    assert penalise(logits, _batch([[3], [1]], [0.0] * 2, [0.0] * 2, [1.0] * 2, [0, 0]), tb) is logits
