@@ -51,6 +51,9 @@ PATCHES = [
      "overlap scheduler only: a JETFLOW decode batch with history-dependent penalties or a custom logit processor "
      "runs after the previous round is processed, so they see every output token (SGLang does the same for grammar "
      "batches)"),
+    ("sglang.srt.sampling.penaltylib.orchestrator._BatchedPenalizer.prepare", "penalties.py",
+     "a request that prefills again after SGLang retracted it starts its penalizers with its output so far (SGLang's "
+     "start from zero), so the token sampled at that prefill keeps its penalties and min_new_tokens progress"),
     ("sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator.__init__", "memory.py",
      "the per-token KV cell size counts the head's K/V and token-id rows, so the pool fits the memory budget"),
     ("sglang.srt.runtime_context.get_spec", "worker.py",

@@ -98,6 +98,52 @@ def install_sync_fallback(algorithm: str) -> None:
     Scheduler.is_disable_overlap_for_batch = is_disable_overlap_for_batch
 
 
+def install_prefill_history() -> None:
+    """Wrap SGLang's penalizer preparation (_BatchedPenalizer.prepare, listed in compat.PATCHES) so that a request
+    which already has output, one SGLang retracted when the KV pool ran short and now prefills its prompt plus output
+    again, starts with its counts: SGLang's penalizers start from zero, so the token sampled at that prefill forgot the
+    penalties and min_new_tokens' progress (plain SGLang shows the same under retraction). JETFLOW's decode rounds count
+    from `req.output_ids` (penalise) and need no penalizer; this makes the one token sampled at prefill exact too. A
+    request without output (every fresh prefill) changes nothing."""
+    from sglang.srt.sampling.penaltylib.orchestrator import _BatchedPenalizer
+
+    original = _BatchedPenalizer.prepare
+    if getattr(original, "_jetflow", False):
+        return
+
+    def prepare(self):
+        fresh = not self._is_prepared
+        original(self)
+        reqs = self.orchestrator.reqs() if fresh else ()
+        if any(len(r.output_ids) for r in reqs):
+            _seed(self, reqs)
+
+    prepare._jetflow = True
+    _BatchedPenalizer.prepare = prepare
+
+
+def _seed(pen, reqs) -> None:
+    """Give a freshly prepared SGLang penalizer the history of requests that already have output."""
+    from sglang.srt.sampling import penaltylib as pl
+
+    if isinstance(pen, pl.BatchedMinNewTokensPenalizer):
+        pen.len_output_tokens += torch.tensor([[len(r.output_ids)] for r in reqs], dtype=pen.len_output_tokens.dtype,
+                                              device=pen.len_output_tokens.device)
+        return
+    table = {pl.BatchedFrequencyPenalizer: ("cumulated_frequency_penalties", "frequency_penalties"),
+             pl.BatchedPresencePenalizer: ("cumulated_presence_penalties", "presence_penalties"),
+             pl.BatchedRepetitionPenalizer: ("cumulated_repetition_penalties", "repetition_penalties")}
+    if type(pen) not in table:
+        return
+    acc, per_req = table[type(pen)]
+    cum = getattr(pen, acc)
+    counts = output_counts(reqs, cum.shape[1], cum.device)
+    if isinstance(pen, pl.BatchedFrequencyPenalizer):  # each occurrence adds the penalty
+        cum += counts * getattr(pen, per_req)
+    else:  # presence subtracts, repetition scales, once per seen token
+        setattr(pen, acc, torch.where(counts > 0, getattr(pen, per_req).expand_as(cum), cum))
+
+
 def penalise(logits: torch.Tensor, batch, tree) -> torch.Tensor:
     """logits [b*n, V] of the verified nodes -> penalised copy (or `logits` itself when nothing applies)."""
     b, n = tree.tokens.shape

@@ -43,7 +43,7 @@ from jetflow_sglang.sglang.attention_backend import NAME as NATIVE_BACKEND
 from jetflow_sglang.sglang.head_pool import HeadKVPool, SlotTokens, slots_of
 from jetflow_sglang.sglang.host_syncs import SyncCounter
 from jetflow_sglang.sglang import logit_chain
-from jetflow_sglang.sglang.penalties import install_sync_fallback, needs_history
+from jetflow_sglang.sglang.penalties import install_prefill_history, install_sync_fallback, needs_history
 from jetflow_sglang.sglang.readback import Readback
 from jetflow_sglang.sglang.triton_backend import NAME as TRITON_BACKEND
 from jetflow_sglang.sglang.tp_sync import broadcast_from_rank0, broadcast_object_from_rank0, make_generator
@@ -160,6 +160,7 @@ class JetFlowWorker(BaseSpecWorker):
         self._lag = 0
         if self.overlap:
             install_sync_fallback(ALGORITHM)
+        install_prefill_history()  # a retracted request's prefill token sees its penalties (penalties.py)
         self.readback = Readback(self.device)
         self.syncs = SyncCounter() if self.cfg.count_syncs else None
         self.stats = StepStats()

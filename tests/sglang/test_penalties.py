@@ -76,3 +76,56 @@ def test_no_penalties_no_copy():
     tb = TreeBatch.from_trees(_trees(), budget=6)
     logits = torch.randn(12, V)
     assert penalise(logits, _batch([[3], [1]], [0.0] * 2, [0.0] * 2, [1.0] * 2, [0, 0]), tb) is logits
+
+
+class _Batch:  # SGLang's orchestrator holds its batch by weak reference
+    def __init__(self, reqs):
+        self.reqs, self.device = reqs, "cpu"
+
+
+def test_retracted_request_prefills_with_its_history():
+    """A request SGLang retracted prefills its prompt plus output again. Its penalizers, prepared with
+    install_prefill_history, hold what SGLang's penalizers hold when fed that output token by token without a
+    retraction; a request without output is prepared as before."""
+    import pytest
+
+    pl = pytest.importorskip("sglang.srt.sampling.penaltylib")
+    from sglang.srt.sampling.penaltylib.orchestrator import _BatchedPenalizer
+
+    from jetflow_sglang.sglang.penalties import install_prefill_history
+
+    kinds = {pl.BatchedFrequencyPenalizer, pl.BatchedPresencePenalizer, pl.BatchedRepetitionPenalizer,
+             pl.BatchedMinNewTokensPenalizer}
+    outputs = [[3, 4, 4, 9, 3], [1, 1, 5, 2, 0], []]  # two retracted requests, one fresh
+
+    def reqs(with_output: bool):
+        out = []
+        for i, o in enumerate(outputs):
+            sp = types.SimpleNamespace(frequency_penalty=[0.5, 0.0, 0.3][i], presence_penalty=[0.2, 0.7, 0.0][i],
+                                       repetition_penalty=[1.3, 1.1, 1.2][i], min_new_tokens=[7, 3, 2][i],
+                                       stop_token_ids={STOP})
+            out.append(types.SimpleNamespace(output_ids=list(o) if with_output else [], sampling_params=sp,
+                                             eos_token_ids=None, tokenizer=types.SimpleNamespace(
+                                                 eos_token_id=None, additional_stop_token_ids=None)))
+        return out
+
+    original = _BatchedPenalizer.prepare
+    try:
+        install_prefill_history()
+        seeded_batch = _Batch(reqs(True))
+        seeded = pl.BatchedPenalizerOrchestrator(V, seeded_batch, kinds)
+    finally:
+        _BatchedPenalizer.prepare = original
+    fed_batch = _Batch(reqs(False))
+    fed = pl.BatchedPenalizerOrchestrator(V, fed_batch, kinds)
+    for k in range(len(outputs[0])):  # SGLang's own path: one token per step (the fresh request's row is not compared)
+        fed.cumulate_output_tokens(torch.tensor([o[k] if o else 0 for o in outputs]))
+    logits = torch.randn(3, V) * 3
+    a, b = logits.clone(), logits.clone()
+    seeded.apply(a)
+    fed.apply(b)
+    torch.testing.assert_close(a[:2], b[:2])
+    plain = logits[2:].clone()
+    pl.BatchedPenalizerOrchestrator(V, _Batch(reqs(False)[2:]), kinds).apply(plain)
+    torch.testing.assert_close(a[2:], plain)  # no output: as SGLang prepares it
+    assert not torch.equal(a[:2], logits[:2])
