@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from tests.sglang.sgl_server import Server, jetflow_server, running
+from tests.sglang.sgl_server import chat_ids, default_target_servers
 
 torch.set_num_threads(1)
 if os.environ.get("JETFLOW_SKIP_SGLANG") != "1":
@@ -19,33 +19,19 @@ if os.environ.get("JETFLOW_SKIP_SGLANG") != "1":
 
 pytestmark = pytest.mark.slow
 PAGED = ["--page-size", "4", "--max-running-requests", "8"]
-NO_TRITON = {"TRITON_INTERPRET": "0"}  # as a user's CPU server: tests/conftest.py turns the interpreter on, which hid this
 PROMPTS = ["Write the alphabet: A B C D E F", "List three colors.", "What is 2 + 2?", "Name a fruit."]
 
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    from jetflow_sglang.paths import default_paths
-
-    root = tmp_path_factory.mktemp("paged")
-    target, head = default_paths()  # the shipped GGUF, converted once
-    sync = jetflow_server(target, head, root / "sync.log", 6, *PAGED, env={"JETFLOW_OVERLAP": "off", **NO_TRITON})
-    overlap = jetflow_server(target, head, root / "overlap.log", 6, *PAGED, env={"JETFLOW_OVERLAP": "on", **NO_TRITON})
-    plain = Server(str(target), ["--dtype", "float32", *PAGED], root / "plain.log", env=NO_TRITON)
-    for up in running(sync, overlap, plain):
-        yield (*up, str(target))
+    yield from default_target_servers(tmp_path_factory.mktemp("paged"), PAGED, {}, [])
 
 
 @pytest.mark.parametrize("mode", ["sync", "overlap"])
 def test_paged_jetflow_matches_plain_in_mixed_batches(servers, mode):
-    from transformers import AutoTokenizer
-
     sync, overlap, plain, target = servers
     spec = sync if mode == "sync" else overlap
-    tok = AutoTokenizer.from_pretrained(target)
-    ids = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
-           for p in PROMPTS]
-    ids = [tok(t).input_ids for t in ids]
+    ids = chat_ids(target, PROMPTS)
     greedy = [dict(input_ids=i, sampling_params={"max_new_tokens": 23, "temperature": 0, "ignore_eos": True})
               for i in ids]
     sampled = [dict(input_ids=i, sampling_params={"max_new_tokens": 23, "temperature": 0.8, "top_p": 0.9,

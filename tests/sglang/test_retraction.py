@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from tests.sglang.sgl_server import Server, jetflow_server, running
+from tests.sglang.sgl_server import chat_ids, default_target_servers
 
 torch.set_num_threads(1)
 if os.environ.get("JETFLOW_SKIP_SGLANG") != "1":
@@ -19,7 +19,7 @@ if os.environ.get("JETFLOW_SKIP_SGLANG") != "1":
 
 pytestmark = pytest.mark.slow
 ARGS = ["--max-running-requests", "8"]
-RETRACT = {"SGLANG_TEST_RETRACT": "True", "SGLANG_TEST_RETRACT_INTERVAL": "4", "TRITON_INTERPRET": "0"}
+RETRACT = {"SGLANG_TEST_RETRACT": "True", "SGLANG_TEST_RETRACT_INTERVAL": "4"}  # JETFLOW servers only
 PROMPTS = ["Janet has 16 eggs and eats 3. How many are left?", "List three colors.",
            "Write a sentence about the sea.", "What is 12 times 7?"]
 KINDS = [{"max_new_tokens": 48, "ignore_eos": True},
@@ -32,27 +32,14 @@ KINDS = [{"max_new_tokens": 48, "ignore_eos": True},
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    from jetflow_sglang.paths import default_paths
-
-    root = tmp_path_factory.mktemp("retract")
-    target, head = default_paths()
-    sync = jetflow_server(target, head, root / "sync.log", 6, *ARGS, env={"JETFLOW_OVERLAP": "off", **RETRACT})
-    overlap = jetflow_server(target, head, root / "overlap.log", 6, *ARGS, env={"JETFLOW_OVERLAP": "on", **RETRACT})
-    plain = Server(str(target), ["--dtype", "float32", "--disable-overlap-schedule", *ARGS], root / "plain.log",
-                   env={"TRITON_INTERPRET": "0"})
-    for up in running(sync, overlap, plain):
-        yield (*up, str(target))
+    yield from default_target_servers(tmp_path_factory.mktemp("retract"), ARGS, RETRACT, ["--disable-overlap-schedule"])
 
 
 @pytest.mark.parametrize("mode", ["sync", "overlap"])
 def test_retracted_requests_finish_as_plain(servers, mode):
-    from transformers import AutoTokenizer
-
     sync, overlap, plain, target = servers
     spec = sync if mode == "sync" else overlap
-    tok = AutoTokenizer.from_pretrained(target)
-    ids = [tok(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                       tokenize=False)).input_ids for p in PROMPTS]
+    ids = chat_ids(target, PROMPTS)
     bodies = [dict(input_ids=ids[i % len(ids)], return_logprob=True,
                    sampling_params={"temperature": 0, **KINDS[i % len(KINDS)]}) for i in range(12)]
     sampled = [dict(input_ids=i, sampling_params={"max_new_tokens": 32, "temperature": 0.8, "top_p": 0.9,
