@@ -54,6 +54,9 @@ PATCHES = [
     ("sglang.srt.sampling.penaltylib.orchestrator._BatchedPenalizer.prepare", "penalties.py",
      "a request that prefills again after SGLang retracted it starts its penalizers with its output so far (SGLang's "
      "start from zero), so the token sampled at that prefill keeps its penalties and min_new_tokens progress"),
+    ("sglang.srt.session.streaming_session.StreamingSession.try_cache_finished_req", "sessions.py",
+     "--enable-streaming-session: a finished turn's KV record ends before its last output token, whose slot holds a "
+     "draft node's KV (the next turn computes it, as after plain decoding)"),
     ("sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator.__init__", "memory.py",
      "the per-token KV cell size counts the head's K/V and token-id rows, so the pool fits the memory budget"),
     ("sglang.srt.runtime_context.get_spec", "worker.py",

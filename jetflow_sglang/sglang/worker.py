@@ -42,7 +42,7 @@ from jetflow_sglang.sglang.accept import accept_batch, to_sglang
 from jetflow_sglang.sglang.attention_backend import NAME as NATIVE_BACKEND
 from jetflow_sglang.sglang.head_pool import HeadKVPool, SlotTokens, slots_of
 from jetflow_sglang.sglang.host_syncs import SyncCounter
-from jetflow_sglang.sglang import logit_chain
+from jetflow_sglang.sglang import logit_chain, sessions
 from jetflow_sglang.sglang.penalties import install_prefill_history, install_sync_fallback, needs_history
 from jetflow_sglang.sglang.readback import Readback
 from jetflow_sglang.sglang.triton_backend import NAME as TRITON_BACKEND
@@ -161,6 +161,7 @@ class JetFlowWorker(BaseSpecWorker):
         if self.overlap:
             install_sync_fallback(ALGORITHM)
         install_prefill_history()  # a retracted request's prefill token sees its penalties (penalties.py)
+        sessions.install()  # a streaming session's next turn computes the last output token's KV
         self.readback = Readback(self.device)
         self.syncs = SyncCounter() if self.cfg.count_syncs else None
         self.stats = StepStats()
