@@ -59,6 +59,11 @@ PATCHES = [
      "draft node's KV (the next turn computes it, as after plain decoding)"),
     ("sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator.__init__", "memory.py",
      "the per-token KV cell size counts the head's K/V and token-id rows, so the pool fits the memory budget"),
+    ("sglang.srt.mem_cache.allocation_sizing.get_req_to_token_extra_context_len", "memory.py",
+     "JETFLOW servers: each request's req_to_token row holds the whole decode reservation (twice the draft tokens) "
+     "past the context length, so a request that runs to its context length stays inside its row"),
+    ("sglang.srt.mem_cache.kv_cache_configurator.get_req_to_token_extra_context_len", "memory.py",
+     "the same function, where the pool builder imported it by name"),
     ("sglang.srt.runtime_context.get_spec", "worker.py",
      "speculative_num_draft_tokens is lowered at run time near a full KV pool (the decode reservation reads it)"),
     ("sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head", "cpu/gemm.py",

@@ -6,6 +6,12 @@ SlotTokens one int32 token id per slot. SGLang sizes the target's pool from the 
 EAGLE and DFLASH it adds the draft's per-token bytes there; for JETFLOW this hook does the same, so the target's pool
 shrinks by exactly what the per-slot pools will take and they all stay inside the budget. (With
 `--max-total-tokens` the token count is fixed and the pools add their bytes on top; the worker logs both.)
+
+Each request's row of SGLang's req_to_token table is as long as the context plus a headroom. SGLang sizes that
+headroom for a decode reservation of num_draft_tokens + 4 at page size 1, but reserves twice the draft tokens per
+request and step (eagle_prepare_for_decode): a request that ran to within a few tokens of the context length wrote
+past its row and the server died. For JETFLOW the headroom holds the whole reservation, as SGLang's own sizing does
+for paged pools (`install_row_headroom`).
 """
 from __future__ import annotations
 
@@ -60,3 +66,34 @@ def install() -> None:
 
     __init__._jetflow = True
     C.__init__ = __init__
+
+
+def row_headroom(stock: int, reserve: int, page_size: int) -> int:
+    """req_to_token columns past the context length: SGLang's own headroom, or the decode reservation (twice the
+    draft tokens, rounded up to a page), whichever is larger. A request holds at most the context length committed,
+    so its reservation then ends inside its row."""
+    return max(int(stock), int(reserve) + int(page_size) - 1)
+
+
+def install_row_headroom() -> None:
+    """Wrap SGLang's req_to_token headroom (read once, when the scheduler builds its pools) for JETFLOW servers."""
+    from sglang.srt.mem_cache import allocation_sizing, kv_cache_configurator
+
+    original = allocation_sizing.get_req_to_token_extra_context_len
+    if getattr(original, "_jetflow", False):
+        return
+
+    def get_req_to_token_extra_context_len() -> int:
+        from sglang.srt.runtime_context import get_spec
+
+        from jetflow_sglang.sglang.config import is_jetflow
+
+        stock = original()
+        if not is_jetflow(get_spec().speculative_algorithm):
+            return stock
+        return row_headroom(stock, allocation_sizing.get_alloc_reserve_per_decode(),
+                            allocation_sizing.get_alloc_page_size())
+
+    get_req_to_token_extra_context_len._jetflow = True
+    allocation_sizing.get_req_to_token_extra_context_len = get_req_to_token_extra_context_len
+    kv_cache_configurator.get_req_to_token_extra_context_len = get_req_to_token_extra_context_len  # imported by name

@@ -204,6 +204,7 @@ def register() -> None:
         SpeculativeAlgorithm.register(ALGORITHM, supports_overlap=True, spec_class=_spec_class())(_worker_factory)
     _register_resolution_hooks()
     install_request_guard()
-    from jetflow_sglang.sglang.memory import install as install_pool_sizing
+    from jetflow_sglang.sglang.memory import install as install_pool_sizing, install_row_headroom
 
     install_pool_sizing()
+    install_row_headroom()

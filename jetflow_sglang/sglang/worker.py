@@ -120,6 +120,7 @@ class JetFlowWorker(BaseSpecWorker):
         self.device = self.model_runner.device
         self.cfg = JetFlowServerConfig.from_server_args(server_args)
         self.n = self.cfg.budget
+        self.context_len = int(self.model_runner.model_config.context_len)
         self.head = self._load_head() if self.cfg.needs_head else None
         if self.head is None and spec(self.cfg.drafter).head is not None:
             raise ValueError(f"JETFLOW drafter {self.cfg.drafter!r} needs a head")
@@ -268,8 +269,8 @@ class JetFlowWorker(BaseSpecWorker):
         self.readback.mark()  # start
         bs = len(batch.reqs)
         budget = broadcast_object_from_rank0(self.adaptive.choose(bs)) if self.adaptive else self.n
-        budget = min(budget, self._reserved(batch))
         batch.max_seq_len_host = self._host_max_len(batch)
+        budget = min(budget, self._reserved(batch), self._room(batch.max_seq_len_host))
         tree = self._draft(batch, budget)  # marks the end of the head forward
         broadcast_from_rank0([tree.tokens, tree.parents, tree.depths, tree.sizes])  # TP ranks verify one tree
         self.readback.mark()  # tree built
@@ -327,6 +328,13 @@ class JetFlowWorker(BaseSpecWorker):
         has committed, and never more than its allocation."""
         lag = self._lag if self.overlap else 0
         return max((min(r.kv.kv_allocated_len, r.kv.kv_committed_len + lag) for r in batch.reqs), default=0)
+
+    def _room(self, max_len: int) -> int:
+        """The most tree nodes whose positions stay below the context length: a node at depth d sits at position
+        committed + d and predicts the token after it, which must still fit (plain decoding's last input sits at
+        context length - 2). Near the end of the context the round's tree shrinks; the target never sees a position
+        plain decoding could not reach (past the model's rotary table, an index error)."""
+        return max(1, self.context_len - 1 - max_len)
 
     def _reserved(self, batch) -> int:
         """KV slots SGLang reserved past every request's committed tokens this step (a near-full pool may leave

@@ -171,16 +171,16 @@ def process_tree_cpu_s(*pids: int, include_self: bool = False) -> float:
 NO_TRITON = {"TRITON_INTERPRET": "0"}  # as a user's CPU server (tests/conftest.py turns the interpreter on)
 
 
-def default_target_servers(root: Path, args: list[str], spec_env: dict, plain_args: list[str]):
+def default_target_servers(root: Path, args: list[str], spec_env: dict, plain_args: list[str], budget: int = 6):
     """A module fixture's body on the default target with the shipped head: (JETFLOW synchronous, JETFLOW on the
-    overlap scheduler, plain, target path), float32, budget 6, the Triton interpreter off, always stopped."""
+    overlap scheduler, plain, target path), float32, a fixed budget, the Triton interpreter off, always stopped."""
     from jetflow_sglang.paths import default_paths
 
     target, head = default_paths()  # the shipped GGUF, converted once
-    sync = jetflow_server(target, head, root / "sync.log", 6, *args, env={"JETFLOW_OVERLAP": "off", **NO_TRITON,
-                                                                          **spec_env})
-    overlap = jetflow_server(target, head, root / "overlap.log", 6, *args, env={"JETFLOW_OVERLAP": "on", **NO_TRITON,
-                                                                                **spec_env})
+    sync = jetflow_server(target, head, root / "sync.log", budget, *args,
+                          env={"JETFLOW_OVERLAP": "off", **NO_TRITON, **spec_env})
+    overlap = jetflow_server(target, head, root / "overlap.log", budget, *args,
+                             env={"JETFLOW_OVERLAP": "on", **NO_TRITON, **spec_env})
     plain = Server(str(target), ["--dtype", "float32", *plain_args, *args], root / "plain.log", env=NO_TRITON)
     for up in running(sync, overlap, plain):
         yield (*up, str(target))
