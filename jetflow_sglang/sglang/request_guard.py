@@ -17,6 +17,11 @@
    logprob result processing of speculative servers), and `n` above MAX_N. Checked in the same wrapper as 1, with a
    one-line ValueError that names the field (HTTP 400). `top_k` between the vocabulary and int32 stays allowed: the
    plain server treats it as the whole vocabulary, and clients send such values.
+4. `input_embeds` (served with `--disable-radix-cache`). Rows of the wrong width or of unequal widths end the
+   scheduler in the first layer, and SGLang casts every input_embeds batch to bfloat16
+   (`ModelRunner._extend_forward_kwargs`), so a float32 or float16 model's first layer fails on any of them. Checked
+   in the same wrapper: a 400 naming the model's hidden size or dtype. (An empty list gets SGLang's own 500 before
+   the wrapper runs; the server stays up.)
 """
 from __future__ import annotations
 
@@ -69,6 +74,23 @@ def check_limits(obj, vocab_size: int | None) -> None:
         raise ValueError(f"top_logprobs_num (top_logprobs) = {top} is above the vocabulary size {vocab_size}")
 
 
+def check_input_embeds(embeds, hidden_size: int | None, dtype) -> None:
+    """Raise ValueError (one line) for the input_embeds of section 4 above; None (token input) passes."""
+    if embeds is None:
+        return
+    if len(embeds) == 0:
+        raise ValueError("input_embeds is empty: send at least one row")
+    if hidden_size:
+        for i, row in enumerate(embeds):
+            if not isinstance(row, (list, tuple)) or len(row) != hidden_size:
+                width = len(row) if isinstance(row, (list, tuple)) else type(row).__name__
+                raise ValueError(f"input_embeds[{i}] has {width} values; this model's rows have {hidden_size} "
+                                 "(its hidden size)")
+    if dtype is not None and str(dtype) != "torch.bfloat16":
+        raise ValueError(f"input_embeds need a bfloat16 model in SGLang 0.5.23, which casts them to bfloat16; this "
+                         f"server runs {str(dtype).replace('torch.', '')} (launch it with --dtype bfloat16)")
+
+
 def _vocab_size(manager) -> int | None:
     cfg = getattr(manager, "model_config", None)
     v = getattr(cfg, "vocab_size", None)
@@ -79,6 +101,9 @@ def _around_validate(original, self, obj, input_ids, *args, **kwargs):
     vocab = _vocab_size(self)
     check_input_ids(input_ids, vocab)
     check_limits(obj, vocab)
+    cfg = getattr(self, "model_config", None)
+    check_input_embeds(getattr(obj, "input_embeds", None), getattr(cfg, "hidden_size", None),
+                       getattr(cfg, "dtype", None))
     return original(self, obj, input_ids, *args, **kwargs)
 
 

@@ -1,5 +1,6 @@
-"""The server survives any single request: empty prompts, token ids outside the vocabulary and request bodies that
-are not JSON objects get a 4xx from a real JETFLOW server on 127.0.0.1, and /health stays 200 after each."""
+"""The server survives any single request: empty prompts, token ids outside the vocabulary, request bodies that
+are not JSON objects and input_embeds it cannot take get a 4xx from a real JETFLOW server on 127.0.0.1, and /health
+stays 200 after each."""
 from __future__ import annotations
 
 import json
@@ -11,8 +12,8 @@ import requests
 
 from types import SimpleNamespace
 
-from jetflow_sglang.sglang.request_guard import (MAX_N, body_is_non_object_json, check_input_ids, check_limits,
-                                                 raised_validating_body)
+from jetflow_sglang.sglang.request_guard import (MAX_N, body_is_non_object_json, check_input_embeds, check_input_ids,
+                                                 check_limits, raised_validating_body)
 
 from tests.sglang.sgl_fixtures import tiny_jetflow_server  # noqa: E402
 
@@ -45,6 +46,20 @@ def test_check_limits(params, extra, field):
         assert field in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("embeds,dtype,field", [
+    ([[0.0] * 8] * 3, "torch.bfloat16", None), (None, "torch.float32", None), ([], "torch.bfloat16", "empty"),
+    ([[0.0] * 7], "torch.bfloat16", "has 7 values"), ([[0.0] * 8, [0.0] * 9], "torch.bfloat16", "input_embeds[1]"),
+    ([0.5, 0.5], "torch.bfloat16", "has float values"), ([[0.0] * 8], "torch.float32", "float32"),
+    ([[0.0] * 8], "torch.float16", "float16")])
+def test_check_input_embeds(embeds, dtype, field):
+    if field is None:
+        check_input_embeds(embeds, 8, dtype)
+    else:
+        with pytest.raises(ValueError) as e:
+            check_input_embeds(embeds, 8, dtype)
+        assert field in str(e.value) and "\n" not in str(e.value)
+
+
 @pytest.mark.parametrize("body,bad", [(b"[1, 2]", True), (b'"hi"', True), (b"null", True), (b"3", True),
                                       (b"{}", False), (b'{"a": 1}', False), (b"not json", False), (b"", False)])
 def test_body_check(body, bad):
@@ -66,6 +81,7 @@ def test_only_crashes_inside_body_validation_count_as_client_errors():
 if os.environ.get("JETFLOW_SKIP_SGLANG") != "1":
     import sglang  # noqa: F401
 
+HIDDEN = 64  # the tiny target's hidden size (sgl_fixtures)
 BAD = [  # (path, raw JSON body)
     ("/generate", '{"text": ""}'),
     ("/generate", '{"input_ids": []}'),
@@ -96,12 +112,16 @@ BAD = [  # (path, raw JSON body)
                              '"logprobs": true, "top_logprobs": 100000}'),
     ("/v1/chat/completions", '{"model": "default", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, '
                              '"n": 1000}'),
+    # input_embeds (section 4): a wrong or uneven row width ended the scheduler; a float32 model fails on any
+    ("/generate", '{"input_embeds": [[0.5, 0.5]], "sampling_params": {"max_new_tokens": 2}}'),
+    ("/generate", json.dumps({"input_embeds": [[0.5] * HIDDEN, [0.5] * 3], "sampling_params": {"max_new_tokens": 2}})),
+    ("/generate", json.dumps({"input_embeds": [[0.5] * HIDDEN] * 2, "sampling_params": {"max_new_tokens": 2}})),
 ]
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    for srv, _ in tiny_jetflow_server(tmp_path_factory.mktemp("rg"), "Qwen3", 4):
+    for srv, _ in tiny_jetflow_server(tmp_path_factory.mktemp("rg"), "Qwen3", 4, "--disable-radix-cache"):
         yield srv
 
 
@@ -129,3 +149,5 @@ def test_error_messages_name_the_problem(server):
     r = requests.post(server.url + "/v1/chat/completions", data=json.dumps([1]),
                       headers={"content-type": "application/json"}, timeout=60)
     assert r.status_code == 400 and "JSON object" in r.json()["message"]
+    r = server.post("/generate", {"input_embeds": [[0.5] * HIDDEN], "sampling_params": {"max_new_tokens": 2}})
+    assert r.status_code == 400 and "--dtype bfloat16" in r.json()["error"]["message"]
