@@ -101,6 +101,33 @@ PATCHES += [
 ]
 
 
+WRAPPED = "_jetflow"  # set on every wrapper `wrap` installs
+
+
+def _dotted(owner) -> str:
+    """A module's name, or a class's (an instance's class's) module-qualified name."""
+    if hasattr(owner, "__path__") or type(owner).__name__ == "module":
+        return owner.__name__
+    cls = owner if isinstance(owner, type) else type(owner)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def wrap(owner, name: str, make) -> bool:
+    """Replace `owner.name` (a module's function, a class's method, or one instance's) by `make(original)`, once per
+    owner and process; False when it is wrapped already. Every target must be listed in PATCHES, so no run-time
+    change of SGLang (or torch) escapes that list."""
+    original = getattr(owner, name)
+    if getattr(original, WRAPPED, False):
+        return False
+    target = f"{_dotted(owner)}.{name}"
+    if target not in {t for t, _, _ in PATCHES}:
+        raise RuntimeError(f"{target} is wrapped at run time but not listed in jetflow_sglang.sglang.compat.PATCHES")
+    new = make(original)
+    setattr(new, WRAPPED, True)
+    setattr(owner, name, new)
+    return True
+
+
 def _resolves(dotted: str) -> bool:
     """True when `dotted` names an importable module or an attribute chain under one."""
     parts = dotted.split(".")

@@ -19,6 +19,8 @@ import logging
 
 import torch
 
+from jetflow_sglang.sglang.compat import wrap
+
 logger = logging.getLogger(__name__)
 
 
@@ -50,22 +52,19 @@ def install() -> None:
     """Wrap the default pool configurator once per process (SGLang's plugin entry point calls this)."""
     from sglang.srt.model_executor.pool_configurator import DefaultPoolConfigurator as C
 
-    if getattr(C.__init__, "_jetflow", False):
-        return
-    original = C.__init__
+    def make(original):
+        def __init__(self, kvc):
+            original(self, kvc)
+            from sglang.srt.runtime_context import get_spec
 
-    def __init__(self, kvc):
-        original(self, kvc)
-        from sglang.srt.runtime_context import get_spec
+            extra = jetflow_cell_bytes(kvc, getattr(get_spec(), "speculative_draft_model_path", None))
+            if extra and self._cell_size:
+                logger.info("JETFLOW: the per-slot pools (head K/V, token ids) add %d bytes per token to the "
+                            "target's %d in the KV budget", extra, self._cell_size)
+                self._cell_size += extra
+        return __init__
 
-        extra = jetflow_cell_bytes(kvc, getattr(get_spec(), "speculative_draft_model_path", None))
-        if extra and self._cell_size:
-            logger.info("JETFLOW: the per-slot pools (head K/V, token ids) add %d bytes per token to the target's %d "
-                        "in the KV budget", extra, self._cell_size)
-            self._cell_size += extra
-
-    __init__._jetflow = True
-    C.__init__ = __init__
+    wrap(C, "__init__", make)
 
 
 def row_headroom(stock: int, reserve: int, page_size: int) -> int:
@@ -79,21 +78,18 @@ def install_row_headroom() -> None:
     """Wrap SGLang's req_to_token headroom (read once, when the scheduler builds its pools) for JETFLOW servers."""
     from sglang.srt.mem_cache import allocation_sizing, kv_cache_configurator
 
-    original = allocation_sizing.get_req_to_token_extra_context_len
-    if getattr(original, "_jetflow", False):
-        return
+    def make(original):
+        def get_req_to_token_extra_context_len() -> int:
+            from sglang.srt.runtime_context import get_spec
 
-    def get_req_to_token_extra_context_len() -> int:
-        from sglang.srt.runtime_context import get_spec
+            from jetflow_sglang.sglang.config import is_jetflow
 
-        from jetflow_sglang.sglang.config import is_jetflow
+            stock = original()
+            if not is_jetflow(get_spec().speculative_algorithm):
+                return stock
+            return row_headroom(stock, allocation_sizing.get_alloc_reserve_per_decode(),
+                                allocation_sizing.get_alloc_page_size())
+        return get_req_to_token_extra_context_len
 
-        stock = original()
-        if not is_jetflow(get_spec().speculative_algorithm):
-            return stock
-        return row_headroom(stock, allocation_sizing.get_alloc_reserve_per_decode(),
-                            allocation_sizing.get_alloc_page_size())
-
-    get_req_to_token_extra_context_len._jetflow = True
-    allocation_sizing.get_req_to_token_extra_context_len = get_req_to_token_extra_context_len
-    kv_cache_configurator.get_req_to_token_extra_context_len = get_req_to_token_extra_context_len  # imported by name
+    for module in (allocation_sizing, kv_cache_configurator):  # the pool builder imported it by name
+        wrap(module, "get_req_to_token_extra_context_len", make)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from jetflow_sglang.sglang.compat import wrap
+
 
 def path_counts(tokens: torch.Tensor, anc: torch.Tensor, vocab: int) -> torch.Tensor:
     """[b, n, V] float: how often each token occurs on node i's path, the root excluded."""
@@ -83,19 +85,16 @@ def install_sync_fallback(algorithm: str) -> None:
     round is processed."""
     from sglang.srt.managers.scheduler import Scheduler
 
-    original = Scheduler.is_disable_overlap_for_batch
-    if getattr(original, "_jetflow", False):
-        return
+    def make(original):
+        def is_disable_overlap_for_batch(self, batch, last_batch):
+            if original(self, batch, last_batch):
+                return True
+            return bool(batch is not None and getattr(batch.spec_algorithm, "name", None) == algorithm
+                        and batch.forward_mode.is_decode() and len(getattr(self, "result_queue", ())) > 0
+                        and needs_history(batch.reqs))
+        return is_disable_overlap_for_batch
 
-    def is_disable_overlap_for_batch(self, batch, last_batch):
-        if original(self, batch, last_batch):
-            return True
-        return bool(batch is not None and getattr(batch.spec_algorithm, "name", None) == algorithm
-                    and batch.forward_mode.is_decode() and len(getattr(self, "result_queue", ())) > 0
-                    and needs_history(batch.reqs))
-
-    is_disable_overlap_for_batch._jetflow = True
-    Scheduler.is_disable_overlap_for_batch = is_disable_overlap_for_batch
+    wrap(Scheduler, "is_disable_overlap_for_batch", make)
 
 
 def install_prefill_history() -> None:
@@ -107,19 +106,16 @@ def install_prefill_history() -> None:
     request without output (every fresh prefill) changes nothing."""
     from sglang.srt.sampling.penaltylib.orchestrator import _BatchedPenalizer
 
-    original = _BatchedPenalizer.prepare
-    if getattr(original, "_jetflow", False):
-        return
+    def make(original):
+        def prepare(self):
+            fresh = not self._is_prepared
+            original(self)
+            reqs = self.orchestrator.reqs() if fresh else ()
+            if any(len(r.output_ids) for r in reqs):
+                _seed(self, reqs)
+        return prepare
 
-    def prepare(self):
-        fresh = not self._is_prepared
-        original(self)
-        reqs = self.orchestrator.reqs() if fresh else ()
-        if any(len(r.output_ids) for r in reqs):
-            _seed(self, reqs)
-
-    prepare._jetflow = True
-    _BatchedPenalizer.prepare = prepare
+    wrap(_BatchedPenalizer, "prepare", make)
 
 
 def _seed(pen, reqs) -> None:

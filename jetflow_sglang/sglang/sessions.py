@@ -10,23 +10,22 @@ less, so the next turn computes the last output token's KV as plain decoding's d
 """
 from __future__ import annotations
 
+from jetflow_sglang.sglang.compat import wrap
+
 
 def install() -> None:
     """Wrap StreamingSession.try_cache_finished_req (listed in compat.PATCHES)."""
     from sglang.srt.session.streaming_session import StreamingSession
 
-    original = StreamingSession.try_cache_finished_req
-    if getattr(original, "_jetflow", False):
-        return
+    def make(original):
+        def try_cache_finished_req(self, req) -> bool:
+            session_id = req.session.session_id if req.session is not None else None
+            kept = original(self, req)
+            slot = self.slots.get(session_id) if kept else None
+            if slot is not None:  # the last output token's KV was never computed by the target
+                computed = len(req.origin_input_ids) + len(req.output_ids) - 1
+                slot.kv.kv_committed_len = max(slot.kv.cache_protected_len, min(slot.kv.kv_committed_len, computed))
+            return kept
+        return try_cache_finished_req
 
-    def try_cache_finished_req(self, req) -> bool:
-        session_id = req.session.session_id if req.session is not None else None
-        kept = original(self, req)
-        slot = self.slots.get(session_id) if kept else None
-        if slot is not None:  # the last output token's KV was never computed by the target
-            computed = len(req.origin_input_ids) + len(req.output_ids) - 1
-            slot.kv.kv_committed_len = max(slot.kv.cache_protected_len, min(slot.kv.kv_committed_len, computed))
-        return kept
-
-    try_cache_finished_req._jetflow = True
-    StreamingSession.try_cache_finished_req = try_cache_finished_req
+    wrap(StreamingSession, "try_cache_finished_req", make)

@@ -36,6 +36,7 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
 
 from jetflow_sglang.sglang.config import ALGORITHM, JetFlowServerConfig
+from jetflow_sglang.sglang.compat import wrap
 from jetflow_sglang.draft.registry import HEAD_DRAFTERS, SERVER_DRAFTERS, spec
 from jetflow_sglang.core.tree_batch import TreeBatch, root_only
 from jetflow_sglang.sglang.accept import accept_batch, to_sglang
@@ -92,22 +93,20 @@ def _install_server_info_hook() -> None:
     collector method is wrapped once, in the scheduler process, when a JETFLOW worker starts."""
     from sglang.srt.managers.scheduler_components.internal_state import SchedulerInternalStateController as C
 
-    if getattr(C._add_speculative, "_jetflow", False):
-        return
-    original = C._add_speculative
+    def make(original):
+        def _add_speculative(self, state):
+            original(self, state)
+            worker = getattr(self.scheduler, "draft_worker", None)
+            if hasattr(worker, "jetflow_server_info"):
+                state["jetflow"] = worker.jetflow_server_info()
+                m = self.scheduler.metrics_reporter  # SGLang folds its counters in every --decode-log-interval steps
+                rounds = m.spec_total_num_forward_ct + m.spec_num_forward_ct  # only: count the open interval too
+                if state.get("avg_spec_accept_length") is None and rounds > 0:
+                    state["avg_spec_accept_length"] = (m.spec_total_num_accept_tokens
+                                                       + m.spec_num_accept_tokens) / rounds
+        return _add_speculative
 
-    def _add_speculative(self, state):
-        original(self, state)
-        worker = getattr(self.scheduler, "draft_worker", None)
-        if hasattr(worker, "jetflow_server_info"):
-            state["jetflow"] = worker.jetflow_server_info()
-            m = self.scheduler.metrics_reporter  # SGLang folds its counters in every --decode-log-interval steps
-            rounds = m.spec_total_num_forward_ct + m.spec_num_forward_ct  # only: count the open interval too
-            if state.get("avg_spec_accept_length") is None and rounds > 0:
-                state["avg_spec_accept_length"] = (m.spec_total_num_accept_tokens + m.spec_num_accept_tokens) / rounds
-
-    _add_speculative._jetflow = True
-    C._add_speculative = _add_speculative
+    wrap(C, "_add_speculative", make)
 
 
 class JetFlowWorker(BaseSpecWorker):

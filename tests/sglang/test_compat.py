@@ -37,3 +37,26 @@ def test_each_wrapping_module_names_its_target():
     """A patch added without its row here (or a row whose module no longer touches the target) fails this test."""
     for target, where, _ in compat.PATCHES:
         assert target.split(".")[-1] in (MODULES / where).read_text(), (target, where)
+
+
+def test_wrap_installs_once_and_only_listed_targets(monkeypatch):
+    """compat.wrap, which every run-time wrapper of the plugin goes through, replaces a listed target once and
+    refuses one that PATCHES does not list."""
+    import types
+
+    mod = types.ModuleType("sglang.srt.fake_module")
+    mod.f = lambda x: x + 1
+    monkeypatch.setattr(compat, "PATCHES", compat.PATCHES + [("sglang.srt.fake_module.f", "worker.py", "test")])
+    make = lambda original: (lambda x: original(x) * 10)  # noqa: E731
+    assert compat.wrap(mod, "f", make) and mod.f(1) == 20
+    assert not compat.wrap(mod, "f", make) and mod.f(1) == 20  # a second install changes nothing
+    mod.g = lambda x: x
+    with pytest.raises(RuntimeError, match="sglang.srt.fake_module.g is wrapped at run time but not listed"):
+        compat.wrap(mod, "g", make)
+
+    class Thing:  # an instance's method is named by its class
+        def m(self):
+            return 1
+    Thing.__module__, Thing.__qualname__ = "sglang.srt.fake_module", "Thing"
+    with pytest.raises(RuntimeError, match="sglang.srt.fake_module.Thing.m"):
+        compat.wrap(Thing(), "m", make)

@@ -195,18 +195,17 @@ def _extend_kwargs_hook(original, runner, forward_batch, *args, **kwargs):
 def _patch_record_stream() -> None:
     import torch
 
-    original = torch.Tensor.record_stream
-    if getattr(original, "_jetflow_dflash_peer", False):
-        return
+    from jetflow_sglang.sglang.compat import wrap
 
-    @functools.wraps(original)
-    def record_stream(self, stream):
-        if self.device.type == "cpu":
-            return None  # a CPU tensor belongs to no stream
-        return original(self, stream)
+    def make(original):
+        @functools.wraps(original)
+        def record_stream(self, stream):
+            if self.device.type == "cpu":
+                return None  # a CPU tensor belongs to no stream
+            return original(self, stream)
+        return record_stream
 
-    record_stream._jetflow_dflash_peer = True
-    torch.Tensor.record_stream = record_stream
+    wrap(torch.Tensor, "record_stream", make)
 
 
 # -- 5. no fused Triton q/k-norm + RoPE kernel on a CPU -------------------------------------------------------------

@@ -17,6 +17,7 @@ from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
 from sglang.srt.utils.common import use_intel_amx_backend
 
 from jetflow_sglang.core import rowgemm
+from jetflow_sglang.sglang.compat import wrap
 from jetflow_sglang.machine import tune_rowgemm
 
 logger = logging.getLogger(__name__)
@@ -32,25 +33,21 @@ class RowGemmLinearMethod(UnquantizedLinearMethod):
 
 
 def _wrap_lm_head(processor) -> bool:
-    if getattr(processor._compute_lm_head, "_jetflow", False):
-        return False
-    original = processor._compute_lm_head
+    def make(original):
+        def _compute_lm_head(hidden_states, lm_head, embedding_bias=None, *, out=None):
+            w = getattr(lm_head, "weight", None)
+            plain = (w is not None and embedding_bias is None and hidden_states.device.type == "cpu"
+                     and w.dtype == hidden_states.dtype and w.dtype.is_floating_point and w.dim() == 2
+                     and not hasattr(lm_head, "set_lora")
+                     and not should_apply_lm_head_quant_method(lm_head, getattr(lm_head, "quant_method", None))
+                     and not processor.use_fp32_lm_head and not use_intel_amx_backend(lm_head)
+                     and processor.rl_on_policy_target is None)
+            if not plain:
+                return original(hidden_states, lm_head, embedding_bias, out=out)
+            return rowgemm.linear(hidden_states, w, contiguous=True)  # grammar masks write logits in place
+        return _compute_lm_head
 
-    def _compute_lm_head(hidden_states, lm_head, embedding_bias=None, *, out=None):
-        w = getattr(lm_head, "weight", None)
-        plain = (w is not None and embedding_bias is None and hidden_states.device.type == "cpu"
-                 and w.dtype == hidden_states.dtype and w.dtype.is_floating_point and w.dim() == 2
-                 and not hasattr(lm_head, "set_lora")
-                 and not should_apply_lm_head_quant_method(lm_head, getattr(lm_head, "quant_method", None))
-                 and not processor.use_fp32_lm_head and not use_intel_amx_backend(lm_head)
-                 and processor.rl_on_policy_target is None)
-        if not plain:
-            return original(hidden_states, lm_head, embedding_bias, out=out)
-        return rowgemm.linear(hidden_states, w, contiguous=True)  # grammar masks write logits in place
-
-    _compute_lm_head._jetflow = True
-    processor._compute_lm_head = _compute_lm_head
-    return True
+    return wrap(processor, "_compute_lm_head", make)
 
 
 def install(model, extra=()) -> int:

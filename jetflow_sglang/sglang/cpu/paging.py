@@ -9,18 +9,17 @@ compat.PATCHES; the worker installs it for a CPU target only.
 """
 from __future__ import annotations
 
+from jetflow_sglang.sglang.compat import wrap
+
 
 def install() -> None:
     from sglang.srt.mem_cache import allocation
 
-    original = allocation.get_last_loc
-    if getattr(original, "_jetflow", False):
-        return
+    def make(original):
+        def get_last_loc(req_to_token, req_pool_indices_tensor, prefix_lens_tensor):
+            if req_to_token.device.type == "cpu":
+                return allocation.get_last_loc_torch(req_to_token, req_pool_indices_tensor, prefix_lens_tensor)
+            return original(req_to_token, req_pool_indices_tensor, prefix_lens_tensor)
+        return get_last_loc
 
-    def get_last_loc(req_to_token, req_pool_indices_tensor, prefix_lens_tensor):
-        if req_to_token.device.type == "cpu":
-            return allocation.get_last_loc_torch(req_to_token, req_pool_indices_tensor, prefix_lens_tensor)
-        return original(req_to_token, req_pool_indices_tensor, prefix_lens_tensor)
-
-    get_last_loc._jetflow = True
-    allocation.get_last_loc = get_last_loc
+    wrap(allocation, "get_last_loc", make)
