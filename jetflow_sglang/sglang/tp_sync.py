@@ -74,9 +74,3 @@ def make_generator(server_args, device, offset: int = 0) -> torch.Generator:
     g = torch.Generator(device=device)
     g.manual_seed((resolved_random_seed(server_args) + int(offset)) & SEED_MASK)
     return g
-
-
-def derive_seed(generator: torch.Generator) -> int:
-    """A fresh seed drawn from `generator` (for a request without its own sampling_seed). The same sequence of
-    calls gives the same seeds on every rank."""
-    return int(torch.randint(0, 1 << 62, (1,), generator=generator, device=generator.device).item())
