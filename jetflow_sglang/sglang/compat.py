@@ -4,6 +4,7 @@ pinned version named, instead of deep inside the scheduler."""
 from __future__ import annotations
 
 import importlib
+import types
 
 SGLANG_VERSION = "0.5.23"
 
@@ -106,7 +107,7 @@ WRAPPED = "_jetflow"  # set on every wrapper `wrap` installs
 
 def _dotted(owner) -> str:
     """A module's name, or a class's (an instance's class's) module-qualified name."""
-    if hasattr(owner, "__path__") or type(owner).__name__ == "module":
+    if isinstance(owner, types.ModuleType):
         return owner.__name__
     cls = owner if isinstance(owner, type) else type(owner)
     return f"{cls.__module__}.{cls.__qualname__}"

@@ -91,17 +91,11 @@ def check_input_embeds(embeds, hidden_size: int | None, dtype) -> None:
                          f"server runs {str(dtype).replace('torch.', '')} (launch it with --dtype bfloat16)")
 
 
-def _vocab_size(manager) -> int | None:
-    cfg = getattr(manager, "model_config", None)
-    v = getattr(cfg, "vocab_size", None)
-    return int(v) if v else None
-
-
 def _around_validate(original, self, obj, input_ids, *args, **kwargs):
-    vocab = _vocab_size(self)
+    cfg = getattr(self, "model_config", None)  # the tokenizer manager's ModelConfig
+    vocab = int(getattr(cfg, "vocab_size", 0) or 0) or None
     check_input_ids(input_ids, vocab)
     check_limits(obj, vocab)
-    cfg = getattr(self, "model_config", None)
     check_input_embeds(getattr(obj, "input_embeds", None), getattr(cfg, "hidden_size", None),
                        getattr(cfg, "dtype", None))
     return original(self, obj, input_ids, *args, **kwargs)
