@@ -45,7 +45,12 @@ PATCHES = [
      "an AROUND hook (SGLang's HookRegistry): empty prompts, out-of-vocabulary ids and unbounded sampling or logprob "
      "values get a 400 instead of ending the scheduler"),
     ("sglang.srt.entrypoints.http_server.app", "request_guard.py",
-     "an ASGI middleware added at import: non-object JSON bodies and crashes inside body validation get a 400"),
+     "an ASGI middleware added at import (in a tokenizer worker, when its plugins load): non-object JSON bodies and "
+     "crashes inside body validation get a 400"),
+    ("sglang.srt.entrypoints.http_server.write_data_for_multi_tokenizer", "tokenizer_workers.py",
+     "--tokenizer-worker-num > 1: the launcher hands scheduler_info to SGLang's tokenizer workers as a dict whose "
+     "unpickling loads the plugins there first (SGLang 0.5.23 does not), so JETFLOW's name and the request guard "
+     "reach every worker"),
     ("sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController._add_speculative",
      "worker.py", "/server_info gains the worker's per-step state and avg_spec_accept_length from the first round"),
     ("sglang.srt.managers.scheduler.Scheduler.is_disable_overlap_for_batch", "penalties.py",

@@ -185,11 +185,19 @@ class JsonObjectBodyMiddleware:
 
 
 def _install_http(module) -> None:
+    """The body check on SGLang's FastAPI app, and the plugins (this guard among them) in its tokenizer workers."""
+    from starlette.middleware import Middleware
+
+    from jetflow_sglang.sglang.tokenizer_workers import install as install_tokenizer_workers
+
     app = getattr(module, "app", None)
     if app is None or getattr(app, "_jetflow_body_guard", False):
         return
-    app.add_middleware(JsonObjectBodyMiddleware)
+    app.user_middleware.insert(0, Middleware(JsonObjectBodyMiddleware))  # what app.add_middleware does, and:
+    if app.middleware_stack is not None:  # a tokenizer worker loads the plugins inside the app's lifespan
+        app.middleware_stack = app.build_middleware_stack()
     app._jetflow_body_guard = True
+    install_tokenizer_workers(module)
 
 
 class _Loader(importlib.abc.Loader):

@@ -1,0 +1,65 @@
+"""`--tokenizer-worker-num 2` (SGLang's multi-tokenizer mode: uvicorn spawns the HTTP tokenizer workers). SGLang 0.5.23
+does not load plugins in those workers, so a JETFLOW server did not start ("Unknown speculative algorithm name:
+JETFLOW"). Now it starts (tokenizer_workers.py), its greedy output equals HF's (float32), and the request guard answers
+in the workers: out-of-vocabulary ids and non-object JSON bodies get 400s, over fresh connections, and the server
+stays up."""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+
+import pytest
+import requests
+import torch
+
+from tests.sglang.sgl_fixtures import hf_greedy, tiny_jetflow_server
+
+torch.set_num_threads(1)
+if os.environ.get("JETFLOW_SKIP_SGLANG") != "1":
+    import sglang  # noqa: F401
+
+pytestmark = pytest.mark.slow
+PROMPTS = ["The quick brown fox", "def fib(n):", "1 2 3 4 5", "Once upon a time"]
+NEW = 16
+BAD_CHAT_BODIES = ['[1, 2]', '{"model": "x", "messages": [{"role": "user", "content": "x"}], '
+                                  '"response_format": "abc", "max_tokens": 2}']
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    for srv, target in tiny_jetflow_server(tmp_path_factory.mktemp("tokw"), "Qwen3", 6, "--tokenizer-worker-num", "2"):
+        yield srv, str(target)
+
+
+def test_multi_tokenizer_server_serves_jetflow_identical_to_hf(setup):
+    from transformers import AutoTokenizer
+
+    srv, target = setup
+    tok = AutoTokenizer.from_pretrained(target)
+    ids = [tok(p).input_ids for p in PROMPTS]
+    sp = {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}
+    with cf.ThreadPoolExecutor(4) as ex:  # separate connections: uvicorn spreads them over the workers
+        got = list(ex.map(lambda i: srv.generate(input_ids=i, sampling_params=sp), ids + ids))
+    for i, out in zip(ids + ids, got):
+        assert out["output_ids"] == hf_greedy(target, i, NEW, stop_at_eos=False)
+    assert all(o["meta_info"]["spec_verify_ct"] > 0 for o in got)
+    chat = requests.post(srv.url + "/v1/chat/completions", json={"model": "x", "max_tokens": 8, "messages": [
+        {"role": "user", "content": "Hi"}]}, timeout=120)
+    assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] > 0
+
+
+def test_request_guard_answers_in_every_tokenizer_worker(setup):
+    srv, _ = setup
+    vocab = requests.get(srv.url + "/model_info", timeout=30).json().get("vocab_size") or 10**6
+    for _ in range(8):  # a new connection each time
+        with requests.Session() as s:
+            r = s.post(srv.url + "/generate", json={"input_ids": [1, 2, vocab + 5], "sampling_params": {
+                "max_new_tokens": 4}}, timeout=60)
+            assert r.status_code == 400, r.text
+        for body in BAD_CHAT_BODIES:  # a 500 without the guard's middleware
+            with requests.Session() as s:
+                r = s.post(srv.url + "/v1/chat/completions", data=body, headers={"content-type": "application/json"},
+                           timeout=60)
+                assert r.status_code == 400, (body, r.text)
+    assert requests.get(srv.url + "/health", timeout=30).status_code == 200
+    assert srv.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 4})["output_ids"]
