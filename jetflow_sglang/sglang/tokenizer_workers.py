@@ -13,17 +13,11 @@ plugins load in each worker before its tokenizer manager is built, and nothing e
 """
 from __future__ import annotations
 
-import logging
-import os
-
-logger = logging.getLogger(__name__)
-
 
 def _load_plugins_then(info: dict) -> dict:
     from sglang.srt.plugins import load_plugins
 
     load_plugins()
-    logger.info("JETFLOW plugin: loaded in tokenizer worker %d", os.getpid())
     return info
 
 
