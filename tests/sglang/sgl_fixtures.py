@@ -75,14 +75,15 @@ def build_tiny_qwen2(out, seed: int = 0) -> Path:
     return _build_tiny(out, "Qwen2", seed)
 
 
-def tiny_jetflow_server(root: Path, family: str, budget: int, *extra: str):
+def tiny_jetflow_server(root: Path, family: str, budget: int, *extra: str, env: dict | None = None):
     """Yields a started float32 JETFLOW server on a tiny random Qwen3/Qwen2 target with a tiny head (and `extra`
-    flags), and the target's folder; the server is stopped afterwards (a module fixture's body)."""
+    flags, `env` on top of the test environment), and the target's folder; the server is stopped afterwards (a module
+    fixture's body)."""
     from tests.sglang.sgl_server import jetflow_server
 
     target = _build_tiny(root / f"tiny-{family.lower()}", family, 0)
     head = build_tiny_head(target, root / "tiny-head")
-    srv = jetflow_server(target, head, root / "server.log", budget, *extra)
+    srv = jetflow_server(target, head, root / "server.log", budget, *extra, env=env)
     try:
         yield srv.wait_ready(), target
     finally:

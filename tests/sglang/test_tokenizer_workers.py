@@ -1,8 +1,8 @@
 """`--tokenizer-worker-num 2` (SGLang's multi-tokenizer mode: uvicorn spawns the HTTP tokenizer workers). SGLang 0.5.23
 does not load plugins in those workers, so a JETFLOW server did not start ("Unknown speculative algorithm name:
-JETFLOW"). Now it starts (tokenizer_workers.py), its greedy output equals HF's (float32), and the request guard answers
-in the workers: out-of-vocabulary ids and non-object JSON bodies get 400s, over fresh connections, and the server
-stays up."""
+JETFLOW"). Now it starts (tokenizer_workers.py), synchronous and on the overlap scheduler; in a mixed greedy + sampled
+load its greedy output equals HF's (float32), and the request guard answers in the workers: out-of-vocabulary ids and
+non-object JSON bodies get 400s, over fresh connections, and the server stays up."""
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -25,9 +25,10 @@ BAD_CHAT_BODIES = ['[1, 2]', '{"model": "x", "messages": [{"role": "user", "cont
                                   '"response_format": "abc", "max_tokens": 2}']
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    for srv, target in tiny_jetflow_server(tmp_path_factory.mktemp("tokw"), "Qwen3", 6, "--tokenizer-worker-num", "2"):
+@pytest.fixture(scope="module", params=["off", "on"])  # synchronous, and on the overlap scheduler
+def setup(request, tmp_path_factory):
+    for srv, target in tiny_jetflow_server(tmp_path_factory.mktemp("tokw"), "Qwen3", 6, "--tokenizer-worker-num", "2",
+                                           env={"JETFLOW_OVERLAP": request.param}):
         yield srv, str(target)
 
 
@@ -38,10 +39,14 @@ def test_multi_tokenizer_server_serves_jetflow_identical_to_hf(setup):
     tok = AutoTokenizer.from_pretrained(target)
     ids = [tok(p).input_ids for p in PROMPTS]
     sp = {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}
+    sampled = {"max_new_tokens": NEW, "temperature": 0.9, "ignore_eos": True}
+    bodies = [(i, sp) for i in ids + ids] + [(i, sampled) for i in ids[:2]]  # one mixed greedy + sampled load
     with cf.ThreadPoolExecutor(4) as ex:  # separate connections: uvicorn spreads them over the workers
-        got = list(ex.map(lambda i: srv.generate(input_ids=i, sampling_params=sp), ids + ids))
-    for i, out in zip(ids + ids, got):
-        assert out["output_ids"] == hf_greedy(target, i, NEW, stop_at_eos=False)
+        got = list(ex.map(lambda b: srv.generate(input_ids=b[0], sampling_params=b[1]), bodies))
+    for (i, params), out in zip(bodies, got):
+        if params is sp:
+            assert out["output_ids"] == hf_greedy(target, i, NEW, stop_at_eos=False)
+        assert len(out["output_ids"]) == NEW
     assert all(o["meta_info"]["spec_verify_ct"] > 0 for o in got)
     chat = requests.post(srv.url + "/v1/chat/completions", json={"model": "x", "max_tokens": 8, "messages": [
         {"role": "user", "content": "Hi"}]}, timeout=120)
