@@ -1,4 +1,8 @@
-"""Weight updates (`/update_weights_from_disk`, as RL trainers sync a policy into SGLang): after a JETFLOW server loads
+"""What RL trainers do to an SGLang server between rollouts, on JETFLOW: pause generation mid-decode and continue it
+(`/pause_generation` in place or by retracting the running requests, `/continue_generation`), and update the weights
+(`/update_weights_from_disk`).
+
+Weight updates: after a JETFLOW server loads
 new target weights in place, its output must be that of a plain server started on those weights. Anything that kept
 a copy of the old target weights on the verify path (a transposed GEMM weight, a fused LM head) would fail here.
 The head keeps drafting (it was trained for the old weights, and keeps the LM-head rows of its draft vocabulary that
@@ -9,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 import shutil
+import time
 
 import pytest
 import requests
@@ -80,3 +85,46 @@ def test_updated_weights_serve_as_plain_on_them(servers, mode):
     tokens = sum(len(a["output_ids"]) for a in got[:len(greedy)])
     assert sum(a["meta_info"]["spec_verify_ct"] for a in got[:len(greedy)]) < tokens  # the head still drafts
     assert requests.get(spec.url + "/health", timeout=30).ok
+
+
+def _steps(srv) -> int:
+    """The JETFLOW worker's decode rounds so far (/server_info)."""
+    info = requests.get(srv.url + "/server_info", timeout=30).json()
+    return info["internal_states"][0]["jetflow"]["steps"]
+
+
+@pytest.mark.parametrize("mode", ["sync", "overlap"])
+def test_pause_and_continue_mid_decode(servers, mode):
+    """Requests paused mid-decode (in place, and retracted with the cache flushed while paused) and then continued
+    finish as on plain SGLang; an abort while paused ends them."""
+    sync, overlap, plain, target, new = servers
+    spec = sync if mode == "sync" else overlap
+    assert spec.post("/update_weights_from_disk", {"model_path": new}).json()["success"]  # plain's weights
+    greedy = [dict(input_ids=ids, return_logprob=True,
+                   sampling_params={"temperature": 0, "max_new_tokens": 64, "ignore_eos": True})
+              for ids in chat_ids(target, PROMPTS[:3])]
+    sampled = dict(input_ids=greedy[0]["input_ids"],
+                   sampling_params={"temperature": 0.8, "max_new_tokens": 64, "ignore_eos": True})
+    refs = [plain.generate(**b) for b in greedy]
+    for pause in ("in_place", "retract", "abort"):
+        start = _steps(spec)
+        with cf.ThreadPoolExecutor(4) as ex:
+            futs = [ex.submit(spec.generate, **b) for b in greedy + [sampled]]
+            deadline = time.monotonic() + 60
+            while _steps(spec) < start + 4 and time.monotonic() < deadline:  # decoding has begun
+                time.sleep(0.1)
+            assert spec.post("/pause_generation", {"mode": pause}).status_code == 200
+            if pause == "retract":  # the KV is free while paused; continuing recomputes it
+                assert spec.flush_cache()
+            assert spec.post("/continue_generation", {}).status_code == 200
+            got = [f.result() for f in futs]
+        if pause == "abort":
+            assert all(g["meta_info"]["finish_reason"]["type"] == "abort" for g in got)
+            assert all(len(g["output_ids"]) < 64 for g in got)
+            continue
+        for a, b in zip(got, refs):
+            assert a["output_ids"] == b["output_ids"], pause
+            la, lb = a["meta_info"]["output_token_logprobs"], b["meta_info"]["output_token_logprobs"]
+            assert max(abs(x[0] - y[0]) for x, y in zip(la, lb)) < 1e-3
+        assert len(got[-1]["output_ids"]) == 64
+    assert spec.generate(**greedy[0])["output_ids"] == refs[0]["output_ids"]
