@@ -109,3 +109,16 @@ def test_only_float32_takes_the_transposed_product():
     out = rowgemm.linear(x, w)
     assert out.stride() == (1, 5)  # float32: the transposed product (a transposed view)
     torch.testing.assert_close(out, F.linear(x, w))
+
+
+@pytest.mark.parametrize("shape", [(1536, 576), (4096, 576)])
+def test_exact_rows_round_as_a_one_row_step_at_any_row_count(shape):
+    """min_rows > 1 (exact rows): each of 100 bfloat16 rows equals the same row multiplied alone (padded). On an AMX
+    Xeon oneDNN takes another kernel above 32 rows for these shapes, and without the 32-row chunks rows differed."""
+    torch.manual_seed(0)
+    w = torch.randn(*shape).bfloat16()
+    x = torch.randn(100, shape[1]).bfloat16()
+    many = rowgemm.linear(x, w, min_rows=4)
+    assert many.shape == (100, shape[0])
+    for r in range(100):
+        assert torch.equal(many[r], rowgemm.linear(x[r:r + 1], w, min_rows=4)[0]), r

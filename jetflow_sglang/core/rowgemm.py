@@ -56,15 +56,26 @@ def active() -> bool:
     return _ACTIVE
 
 
+# oneDNN's bfloat16 GEMM on an AMX Xeon switches kernels above 32 rows for some weight shapes (SmolLM2's MLP
+# up-projection and LM head), which round differently; chunks of up to 32 rows matched a padded one-row product bit
+# for bit there (2026-12-06), and on an AVX512-BF16 EPYC every count from 4 rows up did.
+EXACT_MAX_ROWS = 32
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            contiguous: bool = False, min_rows: int = 1) -> torch.Tensor:
     """F.linear(x, weight, bias); rows > 1 on CPU as W @ X^T (a different rounding order, not different maths).
 
     The result is then a transposed view (strides (1, rows)): torch ops take it as it is, but a kernel that assumes
     row-major memory (SGLang's grammar bitmask, C++ CPU ops) needs contiguous=True (one copy of the output).
-    min_rows > 1: fewer rows are padded with zero rows, so BLAS takes the same kernel (and rounding) for every row
-    count (`exact` rows)."""
+    min_rows > 1: fewer rows are padded with zero rows, and more than EXACT_MAX_ROWS are multiplied in chunks of
+    that many, so BLAS takes the same kernel (and rounding) for every row count (`exact` rows)."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if min_rows > 1 and rows > EXACT_MAX_ROWS:  # exact rows: every chunk takes the kernel of a padded one-row step
+        flat = x.reshape(rows, x.shape[-1])
+        parts = [linear(flat[k:k + EXACT_MAX_ROWS], weight, bias, contiguous, min_rows)
+                 for k in range(0, rows, EXACT_MAX_ROWS)]
+        return torch.cat(parts).reshape(*x.shape[:-1], weight.shape[0])
     if 0 < rows < min_rows:
         flat = torch.nn.functional.pad(x.reshape(rows, x.shape[-1]), (0, 0, 0, min_rows - rows))
         return linear(flat, weight, bias, contiguous)[:rows].reshape(*x.shape[:-1], weight.shape[0])

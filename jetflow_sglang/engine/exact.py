@@ -5,13 +5,14 @@ differently, so at a near-tie the two pick different tokens and the texts part (
 text comes out can then depend on the budget, and with `auto` on the machine's load. Measured on SmolLM2-135M, bf16,
 a 2-core EPYC with AVX512-BF16 (2026-12-03), three sources:
 - oneDNN's bf16 GEMM takes one kernel for 1-3 rows and another from 4 rows; they round differently (the
-  1536 -> 576 MLP down-projection differed in the last bit for the same row);
+  1536 -> 576 MLP down-projection differed in the last bit for the same row). On an AMX Xeon (2026-12-06) it takes a
+  third above 32 rows for some shapes (the 576 -> 1536 up-projection, the LM head);
 - torch's CPU SDPA rounds a row differently with the number of query rows and keys around it (a 4-node tree's root
   logits were off the one-token step's by up to 0.4);
 - a float32 attention sums a node's terms in another order when its ancestors are scattered among other nodes'
   columns than when they sit in a row, as in plain decoding.
-With exact rows on, the target's linears pad inputs of fewer than MIN_ROWS rows with zero rows (the same kernel for
-every row count), one-token steps go through the tree attention too, and the tree attention works in float64
+With exact rows on, the target's linears pad inputs of fewer than MIN_ROWS rows with zero rows and multiply more than
+rowgemm.EXACT_MAX_ROWS in chunks of that many (the same kernel for every row count), one-token steps go through the tree attention too, and the tree attention works in float64
 (`jetflow_sglang.kernels.hf_tree_attention.cpu_tree_attention`). Greedy output is then token-identical to plain decoding (with the
 same setting) in bf16 too, whatever budget or tree: 60 of 60 generations on that machine (12 prompts x budgets 3, 16,
 64, 256, auto; tests/test_exact.py). The price: a verify forward costs 1.0-1.35x SDPA's at 8-16 nodes (more with long
