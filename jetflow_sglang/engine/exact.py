@@ -12,9 +12,9 @@ a 2-core EPYC with AVX512-BF16 (2026-12-03), three sources:
 - a float32 attention sums a node's terms in another order when its ancestors are scattered among other nodes'
   columns than when they sit in a row, as in plain decoding.
 With exact rows on, the target's linears pad inputs of fewer than MIN_ROWS rows with zero rows and multiply more than
-rowgemm.EXACT_MAX_ROWS in chunks of that many (the same kernel for every row count), one-token steps go through the tree attention too, and the tree attention works in float64
-(`jetflow_sglang.kernels.hf_tree_attention.cpu_tree_attention`). Greedy output is then token-identical to plain decoding (with the
-same setting) in bf16 too, whatever budget or tree: 60 of 60 generations on that machine (12 prompts x budgets 3, 16,
+rowgemm.EXACT_MAX_ROWS in chunks of that many (the same kernel for every row count), one-token steps go through the
+tree attention too, and the tree attention works in float64 (`jetflow_sglang.kernels.hf_tree_attention.
+cpu_tree_attention`). Greedy output is then token-identical to plain decoding (with the same setting) in bf16 too, whatever budget or tree: 60 of 60 generations on that machine (12 prompts x budgets 3, 16,
 64, 256, auto; tests/test_exact.py). The price: a verify forward costs 1.0-1.35x SDPA's at 8-16 nodes (more with long
 contexts and large trees: bench/results/cpu_attention.md) and the one-token step about 1.25x (52 -> 64 ms there), so
 it is opt-in (`jetflow generate --exact on`, `load_stack(exact="on")`). `check` tests on the loaded model whether

@@ -129,6 +129,10 @@ class Server:
     def post(self, path: str, body: dict, timeout: float = 300) -> requests.Response:
         return requests.post(self.url + path, json=body, timeout=timeout)
 
+    def jetflow_state(self) -> dict:
+        """The JETFLOW worker's record in /server_info (its first scheduler's): steps, budgets, host syncs, ..."""
+        return requests.get(self.url + "/server_info", timeout=30).json()["internal_states"][0]["jetflow"]
+
 
 def running(*servers: Server):
     """A module fixture's body: yields the servers (a tuple) once every one is ready, and always stops them all."""

@@ -154,10 +154,6 @@ def test_radix_hit_reuses_the_head_rows(servers, tok):
     assert warm["meta_info"]["spec_verify_ct"] == cold["meta_info"]["spec_verify_ct"]
 
 
-def _jetflow_state(srv) -> dict:
-    return requests.get(srv.url + "/server_info", timeout=30).json()["internal_states"][0]["jetflow"]
-
-
 def _rss_mib(srv) -> float:
     import psutil
 
@@ -180,7 +176,7 @@ def test_an_idle_server_sleeps(servers):
 def test_memory_returns_to_baseline_over_50_requests(servers, tok):
     spec, _ = servers
     assert spec.flush_cache()
-    base = _jetflow_state(spec)
+    base = spec.jetflow_state()
     assert base["head_pool_slots"] > 4096 and base["head_pool_bytes"] > 0
     reqs = [dict(text=PROMPTS[i % 4] + " " + "x y " * (i % 7), sampling_params={"max_new_tokens": 12 + i % 5,
                                                                               "temperature": 0})
@@ -191,7 +187,7 @@ def test_memory_returns_to_baseline_over_50_requests(servers, tok):
         list(pool.map(lambda r: spec.generate(**r), reqs[10:]))
     rss_50 = _rss_mib(spec)
     assert spec.flush_cache()
-    after = _jetflow_state(spec)
+    after = spec.jetflow_state()
     assert after["head_pool_used"] == base["head_pool_used"], (base, after)
     assert after["head_pool_bytes"] == base["head_pool_bytes"]  # nothing grows outside the pool
     assert rss_50 - rss_10 < 150, (rss_10, rss_50)
@@ -199,7 +195,7 @@ def test_memory_returns_to_baseline_over_50_requests(servers, tok):
 
 def test_step_stats_in_server_info(servers):
     spec, _ = servers
-    state = _jetflow_state(spec)
+    state = spec.jetflow_state()
     assert state["steps"] > 0 and state["last_budget"] == 6
     assert state["lookup"] is True  # JETFLOW_LOOKUP=auto on a CPU server: every test here runs merged trees
     assert all(1.0 <= a <= 6 for a in state["recent_accept_lens"])
@@ -218,7 +214,7 @@ def test_scheduler_mode(servers, request):
     info = requests.get(spec.url + "/server_info", timeout=30).json()
     overlap = request.node.callspec.params["servers"] == "overlap"
     assert info["disable_overlap_schedule"] is (not overlap)
-    assert _jetflow_state(spec)["overlap"] is overlap
+    assert spec.jetflow_state()["overlap"] is overlap
 
 
 def test_steady_state_rounds_do_not_wait_for_the_device(servers, tok, request):
@@ -235,14 +231,14 @@ def test_steady_state_rounds_do_not_wait_for_the_device(servers, tok, request):
         for i, p in enumerate(PROMPTS)]
     with cf.ThreadPoolExecutor(4) as pool:
         list(pool.map(lambda b: spec.generate(**b), bodies))
-    rounds = _jetflow_state(spec)["host_syncs"]["recent"]
+    rounds = spec.jetflow_state()["host_syncs"]["recent"]
     full = [r for r in rounds if r["batch"] == 4 and not (r["grammar"] or r["penalties"])]
     assert len(full) >= 5, rounds
     worst = max(full, key=lambda r: r["syncs"])
     assert worst["syncs"] <= stated, worst
     spec.generate(input_ids=bodies[1]["input_ids"], sampling_params={"max_new_tokens": 8, "temperature": 0,
                                                                      "frequency_penalty": 0.5})
-    pen = [r for r in _jetflow_state(spec)["host_syncs"]["recent"] if r["penalties"]]
+    pen = [r for r in spec.jetflow_state()["host_syncs"]["recent"] if r["penalties"]]
     assert pen and all(r["syncs"] > 0 for r in pen), pen
 
 

@@ -64,19 +64,15 @@ def servers(models, tmp_path_factory):
         plain.stop()
 
 
-def _state(srv) -> dict:
-    return requests.get(srv.url + "/server_info", timeout=30).json()["internal_states"][0]["jetflow"]
-
-
 def test_auto_falls_back_to_plain_decoding(servers, models):
     """Batch 1 with an untrained head: a tree costs a head forward and a larger verify for ~no accepted draft, so
     `auto` must decode plainly (budget 0/1) nearly always; the output stays exactly greedy."""
     spec, _ = servers
-    before = _state(spec)
+    before = spec.jetflow_state()
     prompts = [[5 + i, 17, 42, 99, 3 * i + 1] for i in range(3)]
     outs = [spec.generate(input_ids=ids, sampling_params={"max_new_tokens": 24, "temperature": 0, "ignore_eos": True})
             for ids in prompts]
-    after = _state(spec)
+    after = spec.jetflow_state()
     plain_steps = after["plain_steps"] - before["plain_steps"]
     steps = after["steps"] - before["steps"]
     assert steps >= 60 and plain_steps >= 0.75 * steps, after  # a few exploring rounds may try a tree
@@ -235,9 +231,9 @@ def test_sampled_requests_on_an_auto_server_that_decodes_plainly(servers, models
     """`auto` here decodes nearly every round with a one-node tree (budget 0/1): the rounds where sampled requests
     used to lose their root (accept length 0) and take the scheduler down."""
     spec, _ = servers
-    before = _state(spec)
+    before = spec.jetflow_state()
     _mixed_traffic(spec, models)
-    after = _state(spec)
+    after = spec.jetflow_state()
     assert after["plain_steps"] - before["plain_steps"] >= 10, after  # one-node rounds really ran
 
 

@@ -6,8 +6,9 @@ Weight updates: after a JETFLOW server loads
 new target weights in place, its output must be that of a plain server started on those weights. Anything that kept
 a copy of the old target weights on the verify path (a transposed GEMM weight, a fused LM head) would fail here.
 The head keeps drafting (it was trained for the old weights, and keeps the LM-head rows of its draft vocabulary that
-it gathered at launch), which may cost acceptance, never correctness. The default target with the shipped head, float32, JETFLOW synchronous and on the overlap scheduler; the
-new weights are every matrix of the target, embedding (the tied LM head) included, scaled by 1 + 0.05 N(0, 1)."""
+it gathered at launch), which may cost acceptance, never correctness. The default target with the shipped head,
+float32, JETFLOW synchronous and on the overlap scheduler; the new weights are every matrix of the target, embedding
+(the tied LM head) included, scaled by 1 + 0.05 N(0, 1)."""
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -87,12 +88,6 @@ def test_updated_weights_serve_as_plain_on_them(servers, mode):
     assert requests.get(spec.url + "/health", timeout=30).ok
 
 
-def _steps(srv) -> int:
-    """The JETFLOW worker's decode rounds so far (/server_info)."""
-    info = requests.get(srv.url + "/server_info", timeout=30).json()
-    return info["internal_states"][0]["jetflow"]["steps"]
-
-
 @pytest.mark.parametrize("mode", ["sync", "overlap"])
 def test_pause_and_continue_mid_decode(servers, mode):
     """Requests paused mid-decode (in place, and retracted with the cache flushed while paused) and then continued
@@ -107,11 +102,11 @@ def test_pause_and_continue_mid_decode(servers, mode):
                    sampling_params={"temperature": 0.8, "max_new_tokens": 64, "ignore_eos": True})
     refs = [plain.generate(**b) for b in greedy]
     for pause in ("in_place", "retract", "abort"):
-        start = _steps(spec)
+        start = spec.jetflow_state()["steps"]
         with cf.ThreadPoolExecutor(4) as ex:
             futs = [ex.submit(spec.generate, **b) for b in greedy + [sampled]]
             deadline = time.monotonic() + 60
-            while _steps(spec) < start + 4 and time.monotonic() < deadline:  # decoding has begun
+            while spec.jetflow_state()["steps"] < start + 4 and time.monotonic() < deadline:  # decoding has begun
                 time.sleep(0.1)
             assert spec.post("/pause_generation", {"mode": pause}).status_code == 200
             if pause == "retract":  # the KV is free while paused; continuing recomputes it
