@@ -322,6 +322,10 @@ def write_report(out: Path, meta: dict, results: list[dict], failures: dict) -> 
     base = {(r["workload"], r["concurrency"]): r["output_tok_per_s"] for r in results if r["config"] == "nospec"}
     base_rounds = {(r["workload"], r["concurrency"]): r.get("round_tok_per_s") for r in results
                    if r["config"] == "nospec"}
+    # the second baseline: a JETFLOW server deciding nothing (budget 1: one-node trees, no head forward), so the same
+    # serving stack as every JETFLOW row (its CPU GEMMs, its attention backend) without speculation
+    same_stack = {(r["workload"], r["concurrency"]): r["output_tok_per_s"] for r in results
+                  if r["config"] == "jetflow-b1"}
     names = list(dict.fromkeys(r["config"] for r in results))
     lines = [f"# SGLang serving: {', '.join(names)} ({meta['date']})", "",
              f"Command: `{meta['command']}`", "",
@@ -330,18 +334,20 @@ def write_report(out: Path, meta: dict, results: list[dict], failures: dict) -> 
              f"(GSM8K + MT-Bench chat prompts), max_tokens "
              f"{meta['max_tokens']}, greedy, radix cache on; shared-prefix: a {meta['prefix_tokens']}-token system "
              f"prompt + different questions; {meta.get('threads', 1)} torch threads per server; machine: {meta['machine']}; sglang {meta['sglang']}, torch {meta['torch']}.",
-             "", "| workload | config | conc. | output tok/s | vs nospec | per round (min-max) | TTFT mean (s) | "
-                 "ITL mean (ms) | e2e mean (s) | e2e p50 | e2e max | accept len | cached tok | "
+             "", "| workload | config | conc. | output tok/s | vs nospec | vs jetflow-b1 | per round (min-max) | "
+                 "TTFT mean (s) | ITL mean (ms) | e2e mean (s) | e2e p50 | e2e max | accept len | cached tok | "
                  "others' CPU s (max round) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         b = base.get((r["workload"], r["concurrency"]))
         sp = f"{r['output_tok_per_s'] / b:.2f}x" if b else "-"
+        b1 = same_stack.get((r["workload"], r["concurrency"]))
+        sp1 = f"{r['output_tok_per_s'] / b1:.2f}x" if b1 and r["config"] != "jetflow-b1" else "-"
         acc = "-" if r["accept_length"] is None else f"{r['accept_length']:.2f}"
         ratios = round_ratios(r.get("round_tok_per_s"), base_rounds.get((r["workload"], r["concurrency"])))
         spread = f"{min(ratios):.2f}-{max(ratios):.2f}x" if ratios and r["config"] != "nospec" else "-"
         lines.append(f"| {r['workload']} | {r['config']} | {r['concurrency']} | {r['output_tok_per_s']:.1f} | {sp} | "
-                     f"{spread} | "
+                     f"{sp1} | {spread} | "
                      f"{r['ttft_mean_s']:.3f} | {r['itl_mean_ms']:.1f} | {r['e2e_mean_s']:.2f} | {r['e2e_p50_s']:.2f} "
                      f"| {r['e2e_max_s']:.2f} | {acc} | {r['cached_tokens_mean']:.0f} | {_others(r)} |")
     lines += round_table(results)

@@ -5,7 +5,7 @@
     python scripts/regenerate.py --engine sglang --device cuda --batch-size 1024 --out runs/regen/x.jsonl --target DIR
 
 Resumable: rerun the same command and it continues where it stopped. `--engine sglang` runs the target in SGLang's
-offline `sglang.Engine` (continuous batching; on CPU it needs JETFLOW_SGLANG_CPU=1, see docs/SGLANG.md); `--engine hf`
+offline `sglang.Engine` (continuous batching; on CPU it needs JETFLOW_SGLANG_CPU=1, see docs/SERVING.md); `--engine hf`
 (the default) uses HF `generate`. Both write the same records. See docs/TRAINING.md.
 """
 import argparse

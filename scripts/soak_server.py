@@ -211,7 +211,7 @@ def build_requests(n: int, seed: int, prompts: list[str], max_new: int) -> list[
         sp = body.get("sampling_params", body)
         greedy = sp.get("temperature", 1.0) == 0 and not extra
         # plain SGLang orders repetition against frequency/presence penalties by a set's iteration order, which
-        # changes between launches (docs/SGLANG.md, Penalties): such a request has no single plain answer
+        # changes between launches (docs/SGLANG_RECORD.md, Penalties): such a request has no single plain answer
         additive = sp.get("frequency_penalty") or sp.get("presence_penalty")
         mixed = sp.get("repetition_penalty", 1.0) != 1.0 and bool(additive)
         out.append({"i": i, "kind": kind, "route": route, "body": body, "stream": bool(body.get("stream")),
@@ -687,6 +687,9 @@ def main(argv=None) -> int:
                     help="start both servers at once (faster; twice the memory while the first one's soak runs)")
     ap.add_argument("--overlap", choices=["auto", "on", "off"], default="auto",
                     help="JETFLOW on SGLang's overlap scheduler (JETFLOW_OVERLAP; auto: synchronous on a CPU)")
+    ap.add_argument("--plain-from", metavar="JSON",
+                    help="take the plain server's phase from an earlier run's JSON (the same target, requests, seed, "
+                         "token and prompt limits, pool and concurrency) instead of starting a plain server")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "soak"))
     a = ap.parse_args(argv)
     if min(a.requests, a.concurrency, a.max_new_tokens, a.threads) < 1 or a.max_minutes <= 0:
@@ -698,6 +701,27 @@ def main(argv=None) -> int:
         return _run(a, argv, t0, deadline)
     finally:
         signal.signal(signal.SIGTERM, old_term)
+
+
+SAME_RUN = ("target", "requests", "concurrency", "max_new_tokens", "max_prompt_chars", "seed", "max_total_tokens",
+            "plain_args")  # what an earlier run must share for its plain phase to stand in (--plain-from)
+
+
+def _saved_plain_phase(a, target, plain_args) -> dict:
+    """The plain phase of the run in a.plain_from, its records keyed by request index again; SystemExit naming the
+    first setting that differs."""
+    saved = json.loads(Path(a.plain_from).read_text())
+    want = {"target": str(target), "requests": a.requests, "concurrency": a.concurrency,
+            "max_new_tokens": a.max_new_tokens, "max_prompt_chars": a.max_prompt_chars, "seed": a.seed,
+            "max_total_tokens": a.max_total_tokens, "plain_args": plain_args}
+    for key in SAME_RUN:
+        if saved.get("meta", {}).get(key) != want[key]:
+            raise SystemExit(f"error: --plain-from {a.plain_from}: {key} is {saved.get('meta', {}).get(key)!r} there, "
+                             f"{want[key]!r} here")
+    phase = saved.get("phases", {}).get("plain")
+    if phase is None or saved.get("truncated"):
+        raise SystemExit(f"error: --plain-from {a.plain_from}: that run has no complete plain phase")
+    return {**phase, "records": {int(k): v for k, v in phase["records"].items()}}
 
 
 def _run(a, argv, t0: float, deadline: float) -> int:
@@ -722,6 +746,10 @@ def _run(a, argv, t0: float, deadline: float) -> int:
     print(f"server logs: {logs}", flush=True)
     configs = {"jetflow": ([*common, *spec_args], {**env, **spec_env}), "plain": (plain_args, env)}
     servers, result, todo = {}, {"errors": [], "phases": {}, "samples": [], "warm_up_s": {}, "start_s": {}}, reqs
+    saved_plain = None
+    if a.plain_from:
+        saved_plain = _saved_plain_phase(a, target, plain_args)
+        configs.pop("plain")
     failed = {}  # name -> why it did not start
 
     def start(name: str) -> Server | None:
@@ -791,6 +819,8 @@ def _run(a, argv, t0: float, deadline: float) -> int:
             srv.stop()
         _LIVE.clear()
     result["server_log_errors"] = {name: _log_errors(srv.log) for name, srv in servers.items()}
+    if saved_plain is not None:
+        result["phases"]["plain"] = saved_plain
     ph = result["phases"]
     n_cmp, bad = compare_greedy(reqs, ph.get("jetflow", {}).get("records", {}), ph.get("plain", {}).get("records", {}))
     result["greedy_compared"], result["greedy_mismatches"] = n_cmp, bad
@@ -811,6 +841,7 @@ def _run(a, argv, t0: float, deadline: float) -> int:
         "max_new_tokens": a.max_new_tokens, "max_prompt_chars": a.max_prompt_chars, "seed": a.seed,
         "max_minutes": a.max_minutes, "threads": a.threads, "together": a.together,
         "jetflow_args": [*common, *spec_args], "jetflow_env": spec_env, "plain_args": plain_args, "logs": str(logs),
+        "max_total_tokens": a.max_total_tokens, "plain_from": a.plain_from,
         "machine": f"{cpu_model()} ({bf16_isa()}), {platform.machine()}, {os.cpu_count()} cores",
         "sglang": _version("sglang"), "torch": _version("torch"), "date": time.strftime("%Y-%m-%d %H:%M"),
         "wall_s": round(time.monotonic() - t0, 1)}

@@ -5,4 +5,4 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 bash "$ROOT/scripts/setup.sh"
 cd "$ROOT"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-exec "$ROOT/.venv/bin/python" -m pytest -q -p no:cacheprovider "$@"
+exec "$ROOT/.venv/bin/python" -m pytest -q -p no:cacheprovider --durations=25 "$@"

@@ -9,8 +9,9 @@ import types
 SGLANG_VERSION = "0.5.23"
 
 NAMES = {
-    "sglang.srt.speculative.spec_info": ["SpeculativeAlgorithm", "SpecInputType"],
-    "sglang.srt.speculative.spec_registry": ["CustomSpecAlgo", "get_spec"],
+    "sglang.srt.speculative.spec_info": ["SpeculativeAlgorithm", "SpecInputType", "CustomSpecAlgo"],
+    "sglang.srt.runtime_context": ["get_spec"],
+    "sglang.srt.model_executor.cuda_graph_config": ["Backend", "Phase", "with_phase"],
     "sglang.srt.speculative.base_spec_worker": ["BaseSpecWorker"],
     "sglang.srt.speculative.ngram_info": ["NgramVerifyInput"],
     "sglang.srt.speculative.spec_utils": ["move_accept_tokens_to_target_kvcache"],
@@ -23,14 +24,13 @@ NAMES = {
     "sglang.srt.mem_cache.memory_pool": ["KVWriteLoc"],
     "sglang.srt.arg_groups.choices": ["add_attention_backend_choices", "ATTENTION_BACKEND_CHOICES"],
     "sglang.srt.arg_groups.overrides": ["resolving_view", "declare_resolution", "attention_backends_of"],
-    "sglang.srt.arg_groups.resolution_hooks": ["register_resolution_hook", "_HOOKS"],
-    "sglang.srt.plugins.hook_registry": ["HookRegistry", "HookType"],
+    "sglang.srt.arg_groups.resolution_hooks": ["register_resolution_hook"],
     "sglang.srt.layers.dp_attention": ["get_dp_tp_group"],
 }
 # attributes of classes/objects used by the worker
 ATTRS = {
     ("sglang.srt.speculative.spec_info", "SpeculativeAlgorithm"): ["register", "from_string"],
-    ("sglang.srt.speculative.spec_registry", "CustomSpecAlgo"): ["handle_server_args", "create_worker"],
+    ("sglang.srt.speculative.spec_info", "CustomSpecAlgo"): ["handle_server_args", "create_worker"],
     ("sglang.srt.model_executor.forward_batch_info", "ForwardMode"): ["TARGET_VERIFY", "DECODE"],
     ("sglang.srt.model_executor.forward_batch_info", "CaptureHiddenMode"): ["FULL"],
     ("sglang.srt.managers.tokenizer_manager", "TokenizerManager"): ["_validate_one_request"],
@@ -39,39 +39,48 @@ ATTRS = {
 
 # Every SGLang function or object the plugin changes at run time, in one list (no SGLang file on disk is modified;
 # everything else goes through SGLang's own plugin API: the algorithm registry, register_attention_backend, resolution
-# hooks). (dotted target, the module that wraps it, why). check() verifies each target exists in the installed SGLang.
-PATCHES = [
-    ("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request", "request_guard.py",
-     "an AROUND hook (SGLang's HookRegistry): empty prompts, out-of-vocabulary ids and unbounded sampling or logprob "
+# hooks). (dotted target, the module that wraps it, why). check() verifies each target exists in the installed SGLang,
+# and docs/UPSTREAM.md names, for each, the SGLang change that would retire it. Three groups:
+# - SERVING: fixes of SGLang that a JETFLOW server needs, installed only in its own processes (plugin.install_patches
+#   and the worker);
+# - CPU_HARNESS: what lets SGLang serve on a machine without a GPU (JETFLOW_SGLANG_CPU=1, or a CPU target);
+# - BENCHMARK: SGLang's DFLASH as a CPU peer for the benchmark, never installed by the plugin.
+SERVING = [
+    ("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request", "fixes/request_guard.py",
+     "empty prompts, out-of-vocabulary ids and unbounded sampling or logprob "
      "values get a 400 instead of ending the scheduler"),
-    ("sglang.srt.entrypoints.http_server.app", "request_guard.py",
+    ("sglang.srt.entrypoints.http_server.app", "fixes/request_guard.py",
      "an ASGI middleware added at import (in a tokenizer worker, when its plugins load): non-object JSON bodies and "
      "crashes inside body validation get a 400"),
-    ("sglang.srt.entrypoints.http_server.write_data_for_multi_tokenizer", "tokenizer_workers.py",
+    ("sglang.srt.entrypoints.http_server.write_data_for_multi_tokenizer", "fixes/request_guard.py",
      "--tokenizer-worker-num > 1: the launcher hands scheduler_info to SGLang's tokenizer workers as a dict whose "
      "unpickling loads the plugins there first (SGLang 0.5.23 does not), so JETFLOW's name and the request guard "
      "reach every worker"),
     ("sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController._add_speculative",
      "worker.py", "/server_info gains the worker's per-step state and avg_spec_accept_length from the first round"),
-    ("sglang.srt.managers.scheduler.Scheduler.is_disable_overlap_for_batch", "penalties.py",
+    ("sglang.srt.managers.scheduler.Scheduler.is_disable_overlap_for_batch", "fixes/penalties.py",
      "overlap scheduler only: a JETFLOW decode batch with history-dependent penalties or a custom logit processor "
      "runs after the previous round is processed, so they see every output token (SGLang does the same for grammar "
      "batches)"),
-    ("sglang.srt.sampling.penaltylib.orchestrator._BatchedPenalizer.prepare", "penalties.py",
+    ("sglang.srt.sampling.penaltylib.orchestrator._BatchedPenalizer.prepare", "fixes/penalties.py",
      "a request that prefills again after SGLang retracted it starts its penalizers with its output so far (SGLang's "
      "start from zero), so the token sampled at that prefill keeps its penalties and min_new_tokens progress"),
-    ("sglang.srt.session.streaming_session.StreamingSession.try_cache_finished_req", "sessions.py",
+    ("sglang.srt.session.streaming_session.StreamingSession.try_cache_finished_req", "fixes/sessions.py",
      "--enable-streaming-session: a finished turn's KV record ends before its last output token, whose slot holds a "
      "draft node's KV (the next turn computes it, as after plain decoding)"),
-    ("sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator.__init__", "memory.py",
+    ("sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator.__init__", "fixes/memory.py",
      "the per-token KV cell size counts the head's K/V and token-id rows, so the pool fits the memory budget"),
-    ("sglang.srt.mem_cache.allocation_sizing.get_req_to_token_extra_context_len", "memory.py",
+    ("sglang.srt.mem_cache.allocation_sizing.get_req_to_token_extra_context_len", "fixes/memory.py",
      "JETFLOW servers: each request's req_to_token row holds the whole decode reservation (twice the draft tokens) "
      "past the context length, so a request that runs to its context length stays inside its row"),
-    ("sglang.srt.mem_cache.kv_cache_configurator.get_req_to_token_extra_context_len", "memory.py",
+    ("sglang.srt.mem_cache.kv_cache_configurator.get_req_to_token_extra_context_len", "fixes/memory.py",
      "the same function, where the pool builder imported it by name"),
     ("sglang.srt.runtime_context.get_spec", "worker.py",
-     "speculative_num_draft_tokens is lowered at run time near a full KV pool (the decode reservation reads it)"),
+     "speculative_num_draft_tokens is lowered at run time near a full KV pool (the decode reservation reads it and "
+     "the derived max_speculative_num_draft_tokens, which SGLang's public RuntimeContext.override refuses)"),
+]
+
+CPU_HARNESS = [
     ("sglang.srt.layers.logits_processor.LogitsProcessor._compute_lm_head", "cpu/gemm.py",
      "CPU only, per model instance: multi-row LM-head products as W @ X^T (rowgemm)"),
     ("sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod", "cpu/gemm.py",
@@ -89,7 +98,7 @@ PATCHES = [
 # JETFLOW_BENCH_DFLASH_PEER=1 (cpu/boot.py reads the switch once); the plugin itself never installs them. Besides
 # these, cpu/dflash_peer.py registers the `dflash_peer_native` draft attention backend through SGLang's public
 # register_attention_backend / add_attention_backend_choices / add_draft_attention_backend_choices.
-PATCHES += [
+BENCHMARK = [
     ("sglang.srt.arg_groups.speculative_hook._handle_dflash", "cpu/dflash_peer.py",
      "benchmark only, --device cpu: an AROUND hook runs SGLang's DFLASH checks against a platform view that accepts "
      "DFLASH on the CPU (the stock gate allows cuda, npu and xpu alone) and offers `dflash_peer_native` as the only "
@@ -105,6 +114,9 @@ PATCHES += [
      "benchmark only: the DFLASH draft's bfloat16 layers take SGLang's torch q/k-norm + RoPE path, not its fused "
      "Triton kernel, which has no CPU driver"),
 ]
+
+
+PATCHES = SERVING + CPU_HARNESS + BENCHMARK
 
 
 WRAPPED = "_jetflow"  # set on every wrapper `wrap` installs

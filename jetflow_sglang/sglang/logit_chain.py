@@ -4,7 +4,7 @@ Plain SGLang processes a decode step's logits as: penalties, the grammar's vocab
 (SamplingBatchInfo.apply_logits_bias), then the requests' custom logit processors (Sampler._preprocess_logits). It
 samples from the result and returns logprobs of the result. JETFLOW runs the same steps on each tree node as if the
 node's path had been decoded:
-- penalties count the request's output plus the path's tokens (penalties.py);
+- penalties count the request's output plus the path's tokens (fixes/penalties.py);
 - the grammar walks the path (SGLang's GrammarTree and build_grammar_vocab_mask, as EAGLE does);
 - `logit_bias` is added to every node;
 - a custom logit processor sees, in `custom_params["__req__"]`, the request with the path appended to its
@@ -23,7 +23,7 @@ import copy
 import torch
 
 from jetflow_sglang.core.tree_batch import TreeBatch
-from jetflow_sglang.sglang.penalties import penalise
+from jetflow_sglang.sglang.fixes.penalties import penalise
 
 
 class _NodeReq:

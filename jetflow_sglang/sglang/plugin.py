@@ -4,14 +4,21 @@ process it starts (launcher, engine, scheduler, detokenizer), before it resolves
     python -m sglang.launch_server --model-path M --speculative-algorithm JETFLOW \
         --speculative-draft-model-path HEAD_DIR --device cpu ...
 
-It registers, without patching any SGLang file:
+In every process it only registers, through SGLang's plugin API, what acts when a launch names JETFLOW:
   - the JETFLOW algorithm (worker: jetflow_sglang.sglang.worker.JetFlowWorker);
-  - the tree-verify attention backend `jetflow_tree_native` (SDPA; CPU default);
-  - two resolution-step wrappers: the config check (before `handle_speculative_decoding`, so a bad JETFLOW
-    setting, a missing head folder or a head whose files do not fit the target (check_head) fails with one line
-    before SGLang looks the head up on the hub or loads the target) and the attention-backend guard
-    (backend_guard.py);
-  - the request guard (request_guard.py): empty prompts and out-of-vocabulary token ids get a 400.
+  - the tree-verify attention backends `jetflow_tree_native` (SDPA; CPU default) and `jetflow_tree_triton`;
+  - two resolution-step wrappers that return at once for other algorithms: the config check (before
+    `handle_speculative_decoding`, so a bad JETFLOW setting, a missing head folder or a head whose files do not fit
+    the target (check_head) fails with one line before SGLang looks the head up on the hub or loads the target) and
+    the attention-backend guard (attention/guard.py).
+
+The run-time patches (compat.PATCHES) go only into the processes of a JETFLOW server or Engine (`install_patches`):
+  - the launcher or Engine, when its arguments resolve to JETFLOW (the config check);
+  - the processes SGLang spawns for it (schedulers, detokenizer, DP controller), whose launch arguments hold the
+    server's ServerArgs (`_spawned_for_jetflow`);
+  - the HTTP tokenizer workers of --tokenizer-worker-num, through the hand-over in fixes/request_guard.py.
+A plain, EAGLE, NGRAM or DFLASH server in the same environment runs unchanged. JETFLOW_GUARD_ALL=1 opts every
+server's processes into the request guard (fixes/request_guard.py).
 """
 from __future__ import annotations
 
@@ -20,7 +27,6 @@ import sys
 from pathlib import Path
 
 from jetflow_sglang.sglang.config import ALGORITHM, is_jetflow
-from jetflow_sglang.sglang.cpu import ops as cpu_ops
 
 logger = logging.getLogger(__name__)
 CONFIG_HOOK = "handle_speculative_decoding"
@@ -82,12 +88,13 @@ def _config_hook(server_args, previous) -> None:
     from sglang.srt.arg_groups.overrides import resolving_view
 
     if is_jetflow(resolving_view(server_args).speculative_algorithm):
+        install_patches()
         resolve_config(server_args)
     previous(server_args)
 
 
 def _backend_guard_hook(server_args, previous) -> None:
-    from jetflow_sglang.sglang.backend_guard import BackendGuardError, guard_hook
+    from jetflow_sglang.sglang.attention.guard import BackendGuardError, guard_hook
 
     try:
         guard_hook(server_args, previous)
@@ -96,7 +103,7 @@ def _backend_guard_hook(server_args, previous) -> None:
 
 
 def _spec_class():
-    from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+    from sglang.srt.speculative.spec_info import CustomSpecAlgo
 
     class JetFlowSpec(CustomSpecAlgo):
         def handle_server_args(self, sa) -> None:
@@ -108,8 +115,17 @@ def _spec_class():
                 sa.disable_overlap_schedule = True
             # The radix cache stays on: the worker keeps the head's context K/V in a pool indexed by the target's KV
             # slots, so a prefix hit reuses it (worker.py / head_pool.py).
-            # No dummy verify input exists for plugin algorithms, so no CUDA-graph capture of TARGET_VERIFY.
+            # No dummy verify input exists for plugin algorithms, so no CUDA-graph capture of TARGET_VERIFY. The
+            # runtime reads cuda_graph_config, which SGLang parsed from the legacy boolean before this step (as
+            # arg_groups/model_hook.py says, flipping the boolean alone would not stop capture): both phases go off.
             sa.disable_cuda_graph = True
+            graphs = sa.cuda_graph_config
+            if graphs is not None:
+                from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, with_phase
+
+                for phase in (Phase.DECODE, Phase.PREFILL):
+                    graphs = with_phase(graphs, phase, backend=Backend.DISABLED)
+                sa.cuda_graph_config = graphs
             # SGLang reserves max(steps * topk, num_draft_tokens) KV slots per request and round and sizes its
             # verify buffers from them: declare the budget, and topk = steps = 1 (the tree's width and depth are
             # the worker's business; it reads them from the operator's raw flags through JetFlowServerConfig).
@@ -144,13 +160,13 @@ def _worker_factory(server_args):
 
 
 def _create_backend(runner):
-    from jetflow_sglang.sglang.attention_backend import TreeTorchNativeAttnBackend
+    from jetflow_sglang.sglang.attention.tree_native import TreeTorchNativeAttnBackend
 
     return TreeTorchNativeAttnBackend(runner)
 
 
 def _create_triton_backend(runner):
-    from jetflow_sglang.sglang.triton_backend import create
+    from jetflow_sglang.sglang.attention.tree_triton import create
 
     return create(runner)
 
@@ -169,42 +185,79 @@ def _register_head_config() -> None:
         pass
 
 
+_RESOLUTION_HOOKS = []  # (name, fn) registered in this process
+
+
 def _register_resolution_hooks() -> None:
     from sglang.srt.arg_groups import resolution_hooks
 
-    from jetflow_sglang.sglang.backend_guard import HOOK as BACKEND_HOOK
+    from jetflow_sglang.sglang.attention.guard import HOOK as BACKEND_HOOK
 
     for name, fn in ((CONFIG_HOOK, _config_hook), (BACKEND_HOOK, _backend_guard_hook)):
-        if fn not in resolution_hooks._HOOKS.get(name, []):
+        if (name, fn) not in _RESOLUTION_HOOKS:
             resolution_hooks.register_resolution_hook(name)(fn)
+            _RESOLUTION_HOOKS.append((name, fn))
 
 
-def register() -> None:
-    if cpu_ops.enabled():
-        cpu_ops.install()
+GUARD_ALL_ENV = "JETFLOW_GUARD_ALL"  # "1": the request guard in every SGLang server of this environment
+
+
+def _spawned_for_jetflow() -> bool:
+    """True in a process SGLang spawned for a JETFLOW server (scheduler, detokenizer, DP controller): the arguments
+    multiprocessing started it with hold the server's ServerArgs."""
+    import multiprocessing
+
+    proc = multiprocessing.current_process()
+    args = (*(getattr(proc, "_args", None) or ()), *(getattr(proc, "_kwargs", None) or {}).values())
+    return any(is_jetflow(getattr(a, "speculative_algorithm", None)) for a in args)
+
+
+_PATCHED = []
+
+
+def install_patches() -> None:
+    """Every run-time patch a JETFLOW server's processes need (compat.PATCHES), once per process. The worker adds
+    its own round-time ones (worker.py) when it is built."""
+    if _PATCHED:
+        return
+    from jetflow_sglang.sglang.fixes import memory, request_guard
     from jetflow_sglang.sglang.compat import check
 
     check()
+    request_guard.install()
+    memory.install()
+    memory.install_row_headroom()
+    _PATCHED.append(True)
+
+
+def register() -> None:
+    import os
+
+    from jetflow_sglang.sglang.cpu import ops as cpu_ops  # the CPU harness: only with JETFLOW_SGLANG_CPU=1
+
+    if cpu_ops.enabled():
+        cpu_ops.install()
     _register_head_config()
     from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS, register_attention_backend
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-    from sglang.srt.speculative.spec_registry import get_spec
 
-    from jetflow_sglang.sglang.attention_backend import NAME
-    from jetflow_sglang.sglang.request_guard import install as install_request_guard
-    from jetflow_sglang.sglang.triton_backend import NAME as TRITON_NAME
+    from jetflow_sglang.sglang.attention.tree_native import NAME
+    from jetflow_sglang.sglang.attention.tree_triton import NAME as TRITON_NAME
 
     for name, factory in ((NAME, _create_backend), (TRITON_NAME, _create_triton_backend)):
         if name not in ATTENTION_BACKENDS:
             register_attention_backend(name)(factory)
         if name not in ATTENTION_BACKEND_CHOICES:
             add_attention_backend_choices([name])
-    if get_spec(ALGORITHM) is None:  # register() runs once per process, but Engine + launcher may share one
+    try:  # register() runs once per process, but Engine + launcher may share one
+        SpeculativeAlgorithm.from_string(ALGORITHM)
+    except ValueError:
         SpeculativeAlgorithm.register(ALGORITHM, supports_overlap=True, spec_class=_spec_class())(_worker_factory)
     _register_resolution_hooks()
-    install_request_guard()
-    from jetflow_sglang.sglang.memory import install as install_pool_sizing, install_row_headroom
+    if _spawned_for_jetflow():
+        install_patches()
+    elif os.environ.get(GUARD_ALL_ENV) == "1":
+        from jetflow_sglang.sglang.fixes import request_guard
 
-    install_pool_sizing()
-    install_row_headroom()
+        request_guard.install()

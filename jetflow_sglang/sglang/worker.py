@@ -29,7 +29,7 @@ import statistics
 import torch
 
 from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
-from sglang.srt.arg_groups.model_override_base import attention_backends_of, resolved_view
+from sglang.srt.arg_groups.model_override_base import resolved_view
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
@@ -40,13 +40,13 @@ from jetflow_sglang.sglang.compat import wrap
 from jetflow_sglang.draft.registry import HEAD_DRAFTERS, SERVER_DRAFTERS, spec
 from jetflow_sglang.core.tree_batch import TreeBatch, root_only
 from jetflow_sglang.sglang.accept import accept_batch, to_sglang
-from jetflow_sglang.sglang.attention_backend import NAME as NATIVE_BACKEND
+from jetflow_sglang.sglang.attention.guard import full_mask, verify_backend
 from jetflow_sglang.sglang.head_pool import HeadKVPool, SlotTokens, slots_of
 from jetflow_sglang.sglang.host_syncs import SyncCounter
-from jetflow_sglang.sglang import logit_chain, sessions
-from jetflow_sglang.sglang.penalties import install_prefill_history, install_sync_fallback, needs_history
+from jetflow_sglang.sglang import logit_chain
+from jetflow_sglang.sglang.fixes import sessions
+from jetflow_sglang.sglang.fixes.penalties import install_prefill_history, install_sync_fallback, needs_history
 from jetflow_sglang.sglang.readback import Readback
-from jetflow_sglang.sglang.triton_backend import NAME as TRITON_BACKEND
 from jetflow_sglang.sglang.tp_sync import broadcast_from_rank0, broadcast_object_from_rank0, make_generator
 from jetflow_sglang.sglang.verify_input import JetFlowCarry, JetFlowVerifyInput, verify_tensors
 
@@ -148,9 +148,9 @@ class JetFlowWorker(BaseSpecWorker):
 
             gemm.install(self.model_runner.model, self.head_drafter.gemm_weights() if self.head_drafter else ())
             paging.install()  # --page-size > 1: SGLang's KV reservation for a round, without Triton
-        # QLEN_ONLY (n*n per request) for this project's backends, FULL (n*(L+n)) for SGLang's custom-mask ones
+        # the mask layout of the backend that runs verify (the prefill one unless speculative_attention_mode=decode)
         view = resolved_view(server_args)  # SGLang's decisions over the operator's raw flags
-        self.full_mask = attention_backends_of(view)[1] not in (NATIVE_BACKEND, TRITON_BACKEND)
+        self.full_mask = full_mask(verify_backend(view))
         self.adaptive = self._make_budget() if self.cfg.adaptive else None
         self.generator = make_generator(server_args, self.device, offset=0x7E7F)  # the same on every TP rank
         # On SGLang's overlap scheduler the host runs a round ahead of the results: each request's committed length
@@ -160,7 +160,7 @@ class JetFlowWorker(BaseSpecWorker):
         self._lag = 0
         if self.overlap:
             install_sync_fallback(ALGORITHM)
-        install_prefill_history()  # a retracted request's prefill token sees its penalties (penalties.py)
+        install_prefill_history()  # a retracted request's prefill token sees its penalties (fixes/penalties.py)
         sessions.install()  # a streaming session's next turn computes the last output token's KV
         self.readback = Readback(self.device)
         self.syncs = SyncCounter() if self.cfg.count_syncs else None
@@ -233,7 +233,7 @@ class JetFlowWorker(BaseSpecWorker):
             self.tokens = SlotTokens(rows, self.device)
         if self.head is not None:
             self.pool = HeadKVPool(self.head, rows, self.device)
-            logger.info("JETFLOW head K/V pool: %d slots, %.1f MiB (counted in the KV budget: memory.py)", rows,
+            logger.info("JETFLOW head K/V pool: %d slots, %.1f MiB (counted in the KV budget: fixes/memory.py)", rows,
                         self.pool.bytes / 2**20)
 
     def clear_cache_pool(self):
@@ -315,8 +315,8 @@ class JetFlowWorker(BaseSpecWorker):
         if k != getattr(self, "_reserve_k", self.n):
             bag = get_spec()
             for name in ("speculative_num_draft_tokens", "max_speculative_num_draft_tokens"):
-                if name in bag:
-                    bag._set(name, k)  # the value SGLang's decode reservation reads (no public setter in 0.5.23)
+                if name in bag:  # SGLang's decode reservation reads both; the second is a derived leaf, which
+                    bag._set(name, k)  # its public override (RuntimeContext.override) refuses: compat.SERVING
             logger.info("JETFLOW: KV pool %s; reserving %d draft tokens per request", "tight" if k < self.n else
                         "has room again", k)
             self._reserve_k = k

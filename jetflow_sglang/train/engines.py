@@ -75,7 +75,7 @@ class SGLangContinuer:
         env = os.environ if env is None else env
         if device == "cpu" and env.get("JETFLOW_SGLANG_CPU") != "1":
             raise RuntimeError("SGLang on CPU needs JETFLOW_SGLANG_CPU=1 in the environment before Python starts "
-                               "(see docs/SGLANG.md); or use --engine hf")
+                               "(see docs/SERVING.md); or use --engine hf")
         try:
             import sglang
         except ImportError as e:

@@ -75,6 +75,25 @@ def build_tiny_qwen2(out, seed: int = 0) -> Path:
     return _build_tiny(out, "Qwen2", seed)
 
 
+def session_models() -> Path:
+    """The test session's folder of tiny models (under the session's private cache, tests/conftest.py): each model is
+    built once per session, and every module that uses it passes the same path, so the server pool (pool.py) can
+    share their servers."""
+    return Path(os.environ["JETFLOW_CACHE"]) / "tiny-models"
+
+
+def shared_tiny(family: str = "Qwen3", seed: int = 0) -> Path:
+    """The session's tiny random Qwen3/Qwen2 target (built on first use)."""
+    return _build_tiny(session_models() / f"tiny-{family.lower()}-{seed}", family, seed)
+
+
+def shared_head(target, seed: int = 1, causal: bool = True) -> Path:
+    """The session's tiny head for `target` (built on first use, beside it)."""
+    target = Path(target)
+    return build_tiny_head(target, target.with_name(f"{target.name}-head-{seed}-{'causal' if causal else 'bidir'}"),
+                           seed, causal)
+
+
 def tiny_jetflow_server(root: Path, family: str, budget: int, *extra: str, env: dict | None = None):
     """Yields a started float32 JETFLOW server on a tiny random Qwen3/Qwen2 target with a tiny head (and `extra`
     flags, `env` on top of the test environment), and the target's folder; the server is stopped afterwards (a module

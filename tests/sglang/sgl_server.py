@@ -172,21 +172,61 @@ def process_tree_cpu_s(*pids: int, include_self: bool = False) -> float:
     return total
 
 
-NO_TRITON = {"TRITON_INTERPRET": "0"}  # as a user's CPU server (tests/conftest.py turns the interpreter on)
+# The launches several modules share through the server pool (pool.py): the plain float32 reference on the tiny
+# Qwen3 (sgl_fixtures.shared_tiny), SGLang's NGRAM on it, and the plain float32 reference on the default target.
+# The tiny models say 512 positions; RoPE has no limit, and test_sglang_serving sends prompts of up to 4.4k tokens.
+LONG_ENV = {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
+PLAIN_TINY = ["--dtype", "float32", "--max-running-requests", "8", "--context-length", "4400"]
+NGRAM_TINY = ["--dtype", "float32", "--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8",
+              "--attention-backend", "jetflow_tree_native", "--max-running-requests", "4"]
+NO_TRITON = {"TRITON_INTERPRET": "0"}
 
 
-def default_target_servers(root: Path, args: list[str], spec_env: dict, plain_args: list[str], budget: int = 6):
+def plain_tiny(pool, target, shared: bool = True):
+    """The plain float32 reference on a tiny model (PLAIN_TINY; started if it is not up, not waited for)."""
+    srv = pool.get(target, PLAIN_TINY, env=LONG_ENV, name=f"plain-{Path(target).name}", shared=shared)
+    srv.memo = True
+    return srv  # as a user's CPU server (tests/conftest.py turns the interpreter on)
+
+
+# The plain float32 reference on the default target that every module comparing against plain SGLang there shares
+# (pool.py): the overlap scheduler off (penalty counts lag under it), and the features whose requests the modules
+# send (streaming sessions, priorities, hidden states); none of them changes a greedy token. The KV pool holds the
+# kits' longest requests (tests/sglang/test_spec_kits.py).
+PLAIN_DEFAULT = ["--dtype", "float32", "--disable-overlap-schedule", "--enable-streaming-session",
+                 "--enable-priority-scheduling", "--enable-return-hidden-states", "--max-total-tokens", "16384",
+                 "--max-running-requests", "8"]
+
+
+def plain_default(pool):
+    """The shared plain reference on the default target (started if it is not up; not waited for)."""
+    from jetflow_sglang.paths import default_paths
+
+    srv = pool.get(default_paths()[0], PLAIN_DEFAULT, env=NO_TRITON, name="plain-default")
+    srv.memo = True
+    return srv
+
+
+def default_target_servers(pool, args: list[str], spec_env: dict, plain_args: list[str] | None = None,
+                           budget: int = 6):
     """A module fixture's body on the default target with the shipped head: (JETFLOW synchronous, JETFLOW on the
-    overlap scheduler, plain, target path), float32, a fixed budget, the Triton interpreter off, always stopped."""
+    overlap scheduler, plain, target path), float32, a fixed budget, the Triton interpreter off. The JETFLOW servers
+    are the module's own (stopped after it); plain is the shared reference (PLAIN_DEFAULT), or, with plain_args, a
+    plain server with those flags and `args` (a module whose flags change what plain decoding gives)."""
     from jetflow_sglang.paths import default_paths
 
     target, head = default_paths()  # the shipped GGUF, converted once
-    sync = jetflow_server(target, head, root / "sync.log", budget, *args,
-                          env={"JETFLOW_OVERLAP": "off", **NO_TRITON, **spec_env})
-    overlap = jetflow_server(target, head, root / "overlap.log", budget, *args,
-                             env={"JETFLOW_OVERLAP": "on", **NO_TRITON, **spec_env})
-    plain = Server(str(target), ["--dtype", "float32", *plain_args, *args], root / "plain.log", env=NO_TRITON)
-    for up in running(sync, overlap, plain):
+
+    def jetflow(mode, overlap):
+        return pool.get(target, ["--dtype", "float32", "--speculative-algorithm", "JETFLOW",
+                                 "--speculative-draft-model-path", str(head), "--speculative-num-draft-tokens",
+                                 str(budget), *args], env={"JETFLOW_OVERLAP": overlap, **NO_TRITON, **spec_env},
+                        name=mode, shared=False)
+
+    sync, overlap = jetflow("sync", "off"), jetflow("overlap", "on")
+    plain = plain_default(pool) if plain_args is None else \
+        pool.get(target, ["--dtype", "float32", *plain_args, *args], env=NO_TRITON, name="plain", shared=False)
+    with pool.use(sync, overlap, plain) as up:
         yield (*up, str(target))
 
 

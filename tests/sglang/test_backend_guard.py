@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from jetflow_sglang.sglang.backend_guard import (TREE_NATIVE, BackendGuardError, check_resolved, decide,
+from jetflow_sglang.sglang.attention.guard import (TREE_NATIVE, BackendGuardError, check_resolved, decide,
                                                  default_backend, safe_backends)
 
 NONE = {"attention_backend": None, "prefill_attention_backend": None, "decode_attention_backend": None}
@@ -87,7 +87,7 @@ def tiny_model(tmp_path_factory):
 
 def _fake_platform(monkeypatch, sm):
     from sglang.srt.arg_groups import model_override_base
-    from jetflow_sglang.sglang import backend_guard
+    from jetflow_sglang.sglang.attention import guard as backend_guard
 
     flags = {k: v for k, v in SM[sm].items() if k != "sglang_default"}
     plat = SimpleNamespace(is_hip=False, **flags)
@@ -115,7 +115,7 @@ def test_sglang_defaults_per_sm_and_the_guard(sm, tiny_model, monkeypatch):
     cpu_ops.install()  # as in every CPU SGLang process: SGLang's arg resolution imports torchvision and sgl_kernel
     from sglang.srt.arg_groups.overrides import resolving_view
 
-    from jetflow_sglang.sglang.backend_guard import guard_hook
+    from jetflow_sglang.sglang.attention.guard import guard_hook
 
     _fake_platform(monkeypatch, sm)
     # SGLang alone (topk=1, what JETFLOW declares) picks fa3 on SM90 and trtllm_mha on SM100: unsafe for trees

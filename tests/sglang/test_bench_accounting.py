@@ -88,3 +88,22 @@ def test_a_kept_loaded_round_is_flagged_in_the_report(tmp_path):
     assert "**Rounds kept under foreign load**" in text and "jetflow-auto mixed c=4 round 2" in text
     assert "nospec mixed" not in text.split("**Rounds kept under foreign load**")[1]
     assert "pid 7 used 1.01 cores: `sglang::scheduler`" in text
+
+
+def test_the_report_shows_both_baselines(tmp_path):
+    """Each row's ratio to stock plain SGLang (nospec) and to a JETFLOW server at budget 1 (the same serving stack
+    without speculation), when the run has that config."""
+    bench = _bench()
+    row = {"workload": "mixed", "concurrency": 1, "ttft_mean_s": 0.1, "itl_mean_ms": 10.0, "e2e_mean_s": 1.0,
+           "e2e_p50_s": 1.0, "e2e_max_s": 1.0, "accept_length": None, "cached_tokens_mean": 0}
+    results = [{**row, "config": "nospec", "output_tok_per_s": 10.0},
+               {**row, "config": "jetflow-b1", "output_tok_per_s": 12.5},
+               {**row, "config": "jetflow-b8", "output_tok_per_s": 20.0}]
+    meta = {"date": "d", "command": "c", "model": "m", "head": "h", "drafter": "jetflow", "dtype": "bfloat16",
+            "requests_per_level": 8, "max_tokens": 64, "prefix_tokens": 400, "machine": "x", "sglang": "s",
+            "torch": "t"}
+    text = bench.write_report(tmp_path / "r", meta, results, {})
+    b8 = next(ln for ln in text.splitlines() if ln.startswith("| mixed | jetflow-b8 |"))
+    assert b8.split(" | ")[4:6] == ["2.00x", "1.60x"], b8
+    b1 = next(ln for ln in text.splitlines() if ln.startswith("| mixed | jetflow-b1 |"))
+    assert b1.split(" | ")[4:6] == ["1.25x", "-"], b1

@@ -189,12 +189,12 @@ def test_plugin_declares_the_budget_on_sglang_record(env, flag, want, monkeypatc
 
 
 def test_head_pool_counts_in_the_kv_budget():
-    """memory.py: a JETFLOW target worker's per-token cell size grows by the head's K/V bytes (as EAGLE/DFLASH
+    """fixes/memory.py: a JETFLOW target worker's per-token cell size grows by the head's K/V bytes (as EAGLE/DFLASH
     drafts do in SGLang's pool configurator); the draft worker, other algorithms and head-less drafters add 0."""
     import torch
 
     from jetflow_sglang.head import read_head_config
-    from jetflow_sglang.sglang.memory import head_bytes_per_token, jetflow_cell_bytes
+    from jetflow_sglang.sglang.fixes.memory import head_bytes_per_token, jetflow_cell_bytes
 
     hcfg, _ = read_head_config(HEADS["causal"])
     model = SimpleNamespace(dtype=torch.bfloat16, hf_config=None)
@@ -213,7 +213,7 @@ def test_head_pool_counts_in_the_kv_budget():
         cpu_ops.install()  # as in every CPU SGLang process (its imports reach torchvision and sgl_kernel)
         from sglang.srt.model_executor.pool_configurator import DefaultPoolConfigurator
 
-        from jetflow_sglang.sglang.memory import install
+        from jetflow_sglang.sglang.fixes.memory import install
 
         install()
         install()
@@ -241,7 +241,7 @@ def test_lookup_errors():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("budget", ["513", "600"])
+@pytest.mark.parametrize("budget", ["513"])  # the first value past the maximum (512)
 def test_a_budget_over_the_maximum_is_refused_at_launch(budget, tmp_path):
     """`--speculative-num-draft-tokens 513` passed the launch check when the server's maximum was 1024 and failed
     later in the tree builder; now the launcher refuses it in one line with exit code 2, before any model loads."""
@@ -251,10 +251,10 @@ def test_a_budget_over_the_maximum_is_refused_at_launch(budget, tmp_path):
     import sys
     import time
 
-    from tests.sglang.sgl_fixtures import build_tiny_head, build_tiny_qwen3
+    from tests.sglang.sgl_fixtures import shared_head, shared_tiny
 
-    target = build_tiny_qwen3(tmp_path / "t")
-    head = build_tiny_head(target, tmp_path / "h")
+    target = shared_tiny()
+    head = shared_head(target)
     env = {**os.environ, "JETFLOW_SGLANG_CPU": "1", "HF_HUB_OFFLINE": "1"}
     t0 = time.monotonic()
     out = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--model-path", str(target), "--device", "cpu",

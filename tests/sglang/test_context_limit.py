@@ -27,8 +27,8 @@ PROMPTS = ["Count from one to one hundred in words.", "Write a long poem about t
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    yield from default_target_servers(tmp_path_factory.mktemp("ctx"), ["--context-length", str(CTX)], {},
+def servers(server_pool):
+    yield from default_target_servers(server_pool, ["--context-length", str(CTX)], {},
                                       ["--disable-overlap-schedule"], budget=16)
 
 

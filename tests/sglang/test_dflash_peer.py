@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.sglang.sgl_fixtures import build_tiny_qwen3
-from tests.sglang.sgl_server import Server
+from tests.sglang.sgl_fixtures import build_tiny_qwen3, shared_tiny
+from tests.sglang.sgl_server import Server, plain_tiny
 
 torch.set_num_threads(1)
 if os.environ.get("JETFLOW_SKIP_SGLANG") != "1":
@@ -158,26 +158,26 @@ def _state(srv: Server) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, server_pool):
     """Every server's outputs on the same prompts; at most two servers up at a time."""
     from transformers import AutoTokenizer
 
     root = tmp_path_factory.mktemp("dflash_peer")
-    target = build_tiny_qwen3(root / "target")
+    target = shared_tiny()
     head = build_release_head(target, root / "head")
     tok = AutoTokenizer.from_pretrained(target)
     prompts = [tok(p).input_ids for p in PROMPTS]
     out = {"target": target, "head": head}
     dflash = Server(str(target), dflash_args(head, BLOCK), root / "dflash.log", env=PEER)
-    plain = Server(str(target), ["--dtype", "float32"], root / "plain.log")
     try:
         dflash.wait_ready()
-        plain.wait_ready()
-        out["dflash"], out["plain"] = _run(dflash, prompts), _run(plain, prompts)
+        with server_pool.use(plain_tiny(server_pool, target)) as (plain,):
+            out["dflash"], out["plain"] = _run(dflash, prompts), _run(plain, prompts)
         out["dflash_state"] = _state(dflash)
         out["dflash_log"] = dflash.log
-    finally:
-        plain.stop()
+    except BaseException:
+        dflash.stop()
+        raise
     args, env = jetflow_dflash_args(head, BLOCK)
     jet = Server(str(target), args, root / "jetflow.log", env=env)
     try:

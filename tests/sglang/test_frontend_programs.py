@@ -37,7 +37,7 @@ import pytest
 import requests
 import torch
 
-from tests.sglang.sgl_server import Server, jetflow_server, running  # noqa: E402
+from tests.sglang.sgl_server import plain_default  # noqa: E402
 
 torch.set_num_threads(1)
 if os.environ.get("JETFLOW_SKIP_SGLANG") != "1":  # the lite install: bash scripts/install_sglang_cpu.sh .venv
@@ -206,19 +206,25 @@ def _check_call(c: dict, where: str) -> None:
 
 # -- servers and runs -----------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module", params=["sync", "overlap"])
-def servers(tmp_path_factory, request):
-    """(JETFLOW server, plain server) on the default target in float32, started side by side, always killed; the
-    JETFLOW worker synchronous (a CPU server's default) or on SGLang's overlap scheduler (JETFLOW_OVERLAP=on)."""
+def servers(server_pool, request):
+    """(JETFLOW server, plain server) on the default target in float32; the JETFLOW worker synchronous (a CPU
+    server's default) or on SGLang's overlap scheduler (JETFLOW_OVERLAP=on); plain is the session's shared reference
+    (sgl_server.PLAIN_DEFAULT)."""
     from jetflow_sglang.paths import default_paths
 
     target, head = default_paths()
     if not (Path(head) / "model.safetensors").is_file():
         pytest.skip(f"no shipped head in {head}")
-    logs = tmp_path_factory.mktemp(f"sgl_frontend_{request.param}")
-    spec = jetflow_server(target, head, logs / "jetflow.log", BUDGET,
-                          env={"JETFLOW_OVERLAP": "on" if request.param == "overlap" else "off"})
-    plain = Server(target, ["--dtype", "float32"], logs / "plain.log")
-    yield from running(spec, plain)
+    spec = server_pool.get(target, ["--dtype", "float32", "--speculative-algorithm", "JETFLOW",
+                                    "--speculative-draft-model-path", str(head), "--speculative-num-draft-tokens",
+                                    str(BUDGET)],
+                           env={"JETFLOW_OVERLAP": "on" if request.param == "overlap" else "off"},
+                           name=f"frontend-{request.param}", shared=False)
+    with server_pool.use(spec, plain_default(server_pool)) as up:
+        yield up
+
+
+_PLAIN_RUNS: dict = {}  # the plain server's runs, once per module
 
 
 @pytest.fixture(scope="module")
@@ -232,6 +238,8 @@ def runs(servers):
     common = [(None, None, GREEDY + SAMPLED), (0.0, None, ["mt_bench", "stream"])]
     hot = (HOT_T, HOT_MAX_TOKENS, ["regex", "decode_json_regex"])
     plans = {"jetflow": (spec, common + [hot]), "plain": (plain, common)}
+    if _PLAIN_RUNS:  # the shared plain server ran them for the other scheduler mode: its answers do not depend on it
+        plans.pop("plain")
     t0 = time.monotonic()
     pool = cf.ThreadPoolExecutor(2)
     futures = {name: pool.submit(_run_all, srv.url, plan) for name, (srv, plan) in plans.items()}
@@ -240,6 +248,7 @@ def runs(servers):
                for name, f in futures.items()}
     finally:
         pool.shutdown(wait=False)  # a hung call ends when the servers are stopped
+    out["plain"] = _PLAIN_RUNS.setdefault("plain", out.get("plain"))
     print(f"\nfrontend programs: {time.monotonic() - t0:.0f} s; every call in {spec.log.parent / 'calls.json'}")
     (spec.log.parent / "calls.json").write_text(json.dumps(
         {f"{name}/{kind}": r.calls for name, rs in out.items() for kind, r in rs.items()}, indent=1, default=str))

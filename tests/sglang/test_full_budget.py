@@ -12,8 +12,8 @@ import pytest
 import requests
 import torch
 
-from tests.sglang.sgl_fixtures import _build_tiny, build_tiny_head
-from tests.sglang.sgl_server import Server, jetflow_server, running
+from tests.sglang.sgl_fixtures import shared_head, shared_tiny
+from tests.sglang.sgl_server import plain_tiny
 
 torch.set_num_threads(1)
 if os.environ.get("JETFLOW_SKIP_SGLANG") != "1":
@@ -25,15 +25,18 @@ PROMPTS = ["The quick brown fox jumps over", "def fib(n):\n    return", "1 2 3 4
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    root = tmp_path_factory.mktemp("full_budget")
-    target = _build_tiny(root / "target", "Qwen3", 0)
-    head = build_tiny_head(target, root / "head")
-    plain = Server(str(target), ["--dtype", "float32"], root / "plain.log")
-    sync = jetflow_server(target, head, root / "sync.log", BUDGET, env={"JETFLOW_OVERLAP": "off"})
-    overlap = jetflow_server(target, head, root / "overlap.log", BUDGET, "--page-size", "16",
-                             env={"JETFLOW_OVERLAP": "on"})
-    for up in running(plain, sync, overlap):
+def servers(server_pool):
+    target = shared_tiny()
+    head = str(shared_head(target))
+
+    def jetflow(mode, *extra):
+        return server_pool.get(target, ["--dtype", "float32", "--speculative-algorithm", "JETFLOW",
+                                        "--speculative-draft-model-path", head, "--speculative-num-draft-tokens",
+                                        str(BUDGET), *extra], env={"JETFLOW_OVERLAP": "on" if mode == "overlap"
+                                                                    else "off"}, name=f"full-{mode}", shared=False)
+
+    plain = plain_tiny(server_pool, target)
+    with server_pool.use(plain, jetflow("sync"), jetflow("overlap", "--page-size", "16")) as up:
         yield (*up, target)
 
 

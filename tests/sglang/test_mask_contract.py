@@ -60,7 +60,7 @@ from jetflow_sglang.core.tree_batch import TreeBatch  # noqa: E402
 from experimental import flashinfer_path as fip  # noqa: E402
 from jetflow_sglang.kernels import tree_mask as tm  # noqa: E402
 from jetflow_sglang.kernels.reference import tree_attn_reference  # noqa: E402
-from jetflow_sglang.sglang.attention_backend import TreeTorchNativeAttnBackend, window_mask  # noqa: E402
+from jetflow_sglang.sglang.attention.tree_native import TreeTorchNativeAttnBackend, window_mask  # noqa: E402
 from jetflow_sglang.sglang.verify_input import JetFlowVerifyInput, verify_tensors  # noqa: E402
 
 if INTERPRET and isinstance(sgl_extend._fwd_kernel, triton.runtime.jit.JITFunction):

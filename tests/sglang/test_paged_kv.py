@@ -23,8 +23,8 @@ PROMPTS = ["Write the alphabet: A B C D E F", "List three colors.", "What is 2 +
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    yield from default_target_servers(tmp_path_factory.mktemp("paged"), PAGED, {}, [])
+def servers(server_pool):
+    yield from default_target_servers(server_pool, PAGED, {})
 
 
 @pytest.mark.parametrize("mode", ["sync", "overlap"])

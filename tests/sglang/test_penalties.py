@@ -1,4 +1,4 @@
-"""Penalties per tree path (jetflow_sglang.sglang.penalties.penalise) against a brute-force walk of every node's path
+"""Penalties per tree path (jetflow_sglang.sglang.fixes.penalties.penalise) against a brute-force walk of every node's path
 (the request's output tokens + the drafted tokens on the node's path). The server-level check against HF is in
 test_sglang_server.py (test_penalties_per_path_match_hf_and_plain)."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import types
 
 import torch
 
-from jetflow_sglang.sglang.penalties import penalise
+from jetflow_sglang.sglang.fixes.penalties import penalise
 from jetflow_sglang.core.tree import DraftTree
 from jetflow_sglang.core.tree_batch import TreeBatch
 
@@ -92,7 +92,7 @@ def test_retracted_request_prefills_with_its_history():
     pl = pytest.importorskip("sglang.srt.sampling.penaltylib")
     from sglang.srt.sampling.penaltylib.orchestrator import _BatchedPenalizer
 
-    from jetflow_sglang.sglang.penalties import install_prefill_history
+    from jetflow_sglang.sglang.fixes.penalties import install_prefill_history
 
     kinds = {pl.BatchedFrequencyPenalizer, pl.BatchedPresencePenalizer, pl.BatchedRepetitionPenalizer,
              pl.BatchedMinNewTokensPenalizer}

@@ -30,8 +30,8 @@ LOW, HIGH = 0, 10
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    yield from default_target_servers(tmp_path_factory.mktemp("priority"), ARGS, {}, ["--disable-overlap-schedule"])
+def servers(server_pool):
+    yield from default_target_servers(server_pool, ARGS, {})
 
 
 def _stream(srv, body: dict, progress: threading.Event, out: dict) -> None:

@@ -12,7 +12,7 @@ import requests
 
 from types import SimpleNamespace
 
-from jetflow_sglang.sglang.request_guard import (MAX_N, body_is_non_object_json, check_input_embeds, check_input_ids,
+from jetflow_sglang.sglang.fixes.request_guard import (MAX_N, body_is_non_object_json, check_input_embeds, check_input_ids,
                                                  check_limits, raised_validating_body)
 
 from tests.sglang.sgl_fixtures import tiny_jetflow_server  # noqa: E402

@@ -31,8 +31,8 @@ KINDS = [{"max_new_tokens": 48, "ignore_eos": True},
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    yield from default_target_servers(tmp_path_factory.mktemp("retract"), ARGS, RETRACT, ["--disable-overlap-schedule"])
+def servers(server_pool):
+    yield from default_target_servers(server_pool, ARGS, RETRACT)
 
 
 @pytest.mark.parametrize("mode", ["sync", "overlap"])

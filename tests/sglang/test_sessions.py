@@ -1,6 +1,6 @@
 """Streaming sessions (`--enable-streaming-session`): each turn continues on the KV its session kept from the last
 turn. JETFLOW's turns must read as plain SGLang's: a finished JETFLOW turn's last output token has a slot holding a
-draft node's KV, which SGLang's session kept as that token's (jetflow_sglang/sglang/sessions.py), and later turns
+draft node's KV, which SGLang's session kept as that token's (jetflow_sglang/sglang/fixes/sessions.py), and later turns
 parted from plain. Three-turn conversations on the default target with the shipped head, JETFLOW synchronous and on
 the overlap scheduler, against the plain synchronous server."""
 from __future__ import annotations
@@ -26,8 +26,8 @@ TURNS = ["And double it?", "Thanks. Now say it in words.", "One more time, brief
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    yield from default_target_servers(tmp_path_factory.mktemp("sessions"), ARGS, {}, ["--disable-overlap-schedule"])
+def servers(server_pool):
+    yield from default_target_servers(server_pool, ARGS, {})
 
 
 def _conversation(srv, first: list[int], turns: list[list[int]]) -> list[list[int]]:

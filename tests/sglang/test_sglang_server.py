@@ -14,8 +14,8 @@ import pytest
 import requests
 import torch
 
-from tests.sglang.sgl_fixtures import build_tiny_head, build_tiny_qwen3, hf_greedy  # noqa: E402
-from tests.sglang.sgl_server import Server, process_tree_cpu_s, running  # noqa: E402
+from tests.sglang.sgl_fixtures import hf_greedy, shared_head, shared_tiny  # noqa: E402
+from tests.sglang.sgl_server import NGRAM_TINY, plain_tiny, process_tree_cpu_s  # noqa: E402
 
 torch.set_num_threads(1)
 if os.environ.get("JETFLOW_SKIP_SGLANG") != "1":  # the lite install: bash scripts/install_sglang_cpu.sh .venv
@@ -26,28 +26,27 @@ PROMPTS = ["The quick brown fox", "def fib(n):", "1 2 3 4 5", "Once upon a time 
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sgl_models")
-    target = build_tiny_qwen3(root / "tiny-qwen3")
-    head = build_tiny_head(target, root / "tiny-head")
-    return str(target), str(head)
+def models():
+    target = shared_tiny()
+    return str(target), str(shared_head(target))
 
 
 @pytest.fixture(scope="module", params=["sync", "overlap"])
-def servers(models, tmp_path_factory, request):
-    """(JETFLOW server, plain server) on the same model, started side by side, always killed; the JETFLOW worker
-    synchronous or on SGLang's overlap scheduler."""
+def servers(models, server_pool, request):
+    """(JETFLOW server, plain server) on the same model, from the session's pool (the plain one is shared with other
+    modules); the JETFLOW worker synchronous or on SGLang's overlap scheduler."""
     target, head = models
-    logs = tmp_path_factory.mktemp(f"sgl_logs_{request.param}")
-    spec = Server(target, ["--dtype", "float32", "--speculative-algorithm", "JETFLOW",
-                           "--speculative-draft-model-path", head, "--speculative-num-draft-tokens", "6",
-                           "--chunked-prefill-size", "64",  # long prompts arrive in chunks: head rows must add up
-                           "--max-running-requests", "8",  # the radix cache stays on (SGLang's default)
-                           "--enable-custom-logit-processor"],
-                  logs / "jetflow.log",  # a fixed budget: accept lengths are deterministic (auto: test_sglang_serving)
-                  env={"JETFLOW_OVERLAP": "on" if request.param == "overlap" else "off", "JETFLOW_COUNT_SYNCS": "1"})
-    plain = Server(target, ["--dtype", "float32", "--max-running-requests", "8"], logs / "plain.log")
-    yield from running(spec, plain)
+    spec = server_pool.get(target, ["--dtype", "float32", "--speculative-algorithm", "JETFLOW",
+                                    "--speculative-draft-model-path", head, "--speculative-num-draft-tokens", "6",
+                                    "--chunked-prefill-size", "64",  # long prompts arrive in chunks: head rows add up
+                                    "--max-running-requests", "8",  # the radix cache stays on (SGLang's default)
+                                    "--enable-custom-logit-processor"],
+                           # a fixed budget: accept lengths are deterministic (auto: test_sglang_serving)
+                           env={"JETFLOW_OVERLAP": "on" if request.param == "overlap" else "off",
+                                "JETFLOW_COUNT_SYNCS": "1"}, name=f"server-{request.param}")
+    plain = plain_tiny(server_pool, target)
+    with server_pool.use(spec, plain) as up:
+        yield up
 
 
 @pytest.fixture(scope="module")
@@ -219,11 +218,11 @@ def test_scheduler_mode(servers, request):
 
 def test_steady_state_rounds_do_not_wait_for_the_device(servers, tok, request):
     """A batch of 4 (2 greedy, 2 sampled; trees of up to 6 nodes with prompt lookup) decodes with no more host
-    synchronisations per round than docs/SGLANG.md states (item/tolist/cpu, tensor truth tests and casts, host-to-
+    synchronisations per round than docs/SGLANG_RECORD.md states (item/tolist/cpu, tensor truth tests and casts, host-to-
     device copies of Python data: host_syncs.py); a penalty request's rounds, exempt, are seen to synchronise, so the
     counter counts."""
     spec, _ = servers
-    found = DOCUMENTED_SYNCS.search((Path(__file__).parents[2] / "docs" / "SGLANG.md").read_text())
+    found = DOCUMENTED_SYNCS.search((Path(__file__).parents[2] / "docs" / "SGLANG_RECORD.md").read_text())
     stated = int(found.group(1 if request.node.callspec.params["servers"] == "overlap" else 2))
     bodies = [dict(input_ids=tok(p).input_ids, sampling_params={
         "max_new_tokens": 48, "ignore_eos": True, **({"temperature": 0} if i % 2 else {"temperature": 1.0,
@@ -259,15 +258,13 @@ class _SGLangPenalties:
 
 
 @pytest.fixture(scope="module")
-def plain_sync(models, tmp_path_factory):
+def plain_sync(models, server_pool):
     """The plain server with SGLang's overlap scheduler off (JETFLOW runs with it off too): the reference for
     penalties, whose counts lag the sampled tokens under the overlap scheduler."""
-    srv = Server(models[0], ["--dtype", "float32", "--disable-overlap-schedule", "--enable-custom-logit-processor"],
-                 tmp_path_factory.mktemp("sgl_logs_sync") / "plain_sync.log")
-    try:
-        yield srv.wait_ready()
-    finally:
-        srv.stop()
+    srv = server_pool.get(models[0], ["--dtype", "float32", "--disable-overlap-schedule",
+                                      "--enable-custom-logit-processor"], name="plain-tiny-sync", shared=False)
+    with server_pool.use(srv) as (up,):
+        yield up
 
 
 PENALTIES = [{"frequency_penalty": 1.5}, {"presence_penalty": 1.2}, {"repetition_penalty": 1.6},
@@ -371,7 +368,7 @@ def test_logprobs_read_the_processed_logits(servers, plain_sync, tok):
     spec, _ = servers
     ids = tok("the cat the cat the cat the").input_ids
     # one penalty kind per case: plain SGLang applies repetition and frequency/presence penalties in the iteration
-    # order of a Python set of classes, which changes between launches (docs/SGLANG.md, Penalties), so a case that
+    # order of a Python set of classes, which changes between launches (docs/SGLANG_RECORD.md, Penalties), so a case that
     # mixes them has no single plain answer to compare with
     cases = [{"logit_bias": {str(ids[1]): 2.0, str(ids[2]): -3.0}},
              {"frequency_penalty": 0.8, "presence_penalty": 0.4, "logit_bias": {str(ids[1]): 1.0}},
@@ -484,23 +481,17 @@ def test_long_prompt_chunked_prefill(servers, models, tok):
     assert a["output_ids"] == b["output_ids"] == hf_greedy(models[0], ids, 24, stop_at_eos=False)
 
 
-def test_sglang_ngram_runs_on_cpu_and_matches_plain(servers, models, tmp_path, tok):
+def test_sglang_ngram_runs_on_cpu_and_matches_plain(servers, models, server_pool, tok):
     """SGLang's own NGRAM (the serving benchmark's baseline) on CPU through the shim's metadata and greedy-verify
     ops and JetFlow's tree backend: greedy output identical to HF and to the plain server, with accepted drafts."""
     _, plain = servers
-    srv = Server(models[0], ["--dtype", "float32", "--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens",
-                             "8", "--attention-backend", "jetflow_tree_native", "--max-running-requests", "4"],
-                 tmp_path / "ngram.log")
-    try:
-        srv.wait_ready()
+    with server_pool.use(server_pool.get(models[0], NGRAM_TINY, name="ngram-tiny", shared=False)) as (srv,):
         ids = tok("1 2 3 4 5 1 2 3 4 5 1 2 3").input_ids
         body = dict(input_ids=ids, sampling_params={"max_new_tokens": 24, "temperature": 0, "ignore_eos": True})
         got = srv.generate(**body)
         assert got["output_ids"] == plain.generate(**body)["output_ids"] == hf_greedy(models[0], ids, 24,
                                                                                           stop_at_eos=False)
         assert got["meta_info"]["spec_verify_ct"] < 24  # some rounds accepted more than one token
-    finally:
-        srv.stop()
 
 
 def test_accept_length_metrics_like_the_builtins(servers, tok):

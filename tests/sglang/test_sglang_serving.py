@@ -13,8 +13,8 @@ import pytest
 import requests
 import torch
 
-from tests.sglang.sgl_fixtures import build_tiny_qwen3, hf_greedy  # noqa: E402
-from tests.sglang.sgl_server import Server  # noqa: E402
+from tests.sglang.sgl_fixtures import hf_greedy, shared_tiny  # noqa: E402
+from tests.sglang.sgl_server import LONG_ENV, Server, plain_tiny  # noqa: E402
 
 torch.set_num_threads(1)
 if os.environ.get("JETFLOW_SKIP_SGLANG") != "1":
@@ -24,7 +24,6 @@ pytestmark = pytest.mark.slow
 # verified tokens -> seconds: a tree of 2+ nodes per request costs 50x a plain step, so no budget >= 2 can pay
 EXPENSIVE_TREES = {1: 0.001, 2: 0.05, 64: 1.6, 256: 6.4}
 POOL = ["--max-total-tokens", "4096", "--context-length", "4400"]
-LONG_ENV = {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}  # the tiny model says 512 positions; RoPE has no limit
 
 
 def build_untrained_head(target_dir, out) -> Path:
@@ -43,25 +42,20 @@ def build_untrained_head(target_dir, out) -> Path:
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sgl_models")
-    target = build_tiny_qwen3(root / "tiny-qwen3")
-    return str(target), str(build_untrained_head(target, root / "untrained-head"))
+    target = shared_tiny()
+    return str(target), str(build_untrained_head(target, tmp_path_factory.mktemp("sgl_models") / "untrained-head"))
 
 
 @pytest.fixture(scope="module")
-def servers(models, tmp_path_factory):
+def servers(models, server_pool):
     target, head = models
-    logs = tmp_path_factory.mktemp("sgl_logs")
-    spec = Server(target, ["--dtype", "float32", "--speculative-algorithm", "JETFLOW", "--speculative-draft-model-path",
-                           head, "--speculative-num-draft-tokens", "8", *POOL],
-                  logs / "jetflow.log", env={"JETFLOW_BUDGET": "auto", "JETFLOW_COST_PRIOR": json.dumps(EXPENSIVE_TREES),
-                                             **LONG_ENV})
-    plain = Server(target, ["--dtype", "float32", *POOL], logs / "plain.log", env=LONG_ENV)
-    try:
-        yield spec.wait_ready(), plain.wait_ready()
-    finally:
-        spec.stop()
-        plain.stop()
+    spec = server_pool.get(target, ["--dtype", "float32", "--speculative-algorithm", "JETFLOW",
+                                    "--speculative-draft-model-path", head, "--speculative-num-draft-tokens", "8",
+                                    *POOL], env={"JETFLOW_BUDGET": "auto", "JETFLOW_COST_PRIOR":
+                                                 json.dumps(EXPENSIVE_TREES), **LONG_ENV},
+                           name="serving-auto", shared=False)
+    with server_pool.use(spec, plain_tiny(server_pool, target)) as up:
+        yield up
 
 
 def test_auto_falls_back_to_plain_decoding(servers, models):

@@ -11,12 +11,13 @@ import os
 import pytest
 
 from tests.scripts import load_script  # noqa: E402
-from tests.sglang.sgl_fixtures import build_tiny_head, build_tiny_qwen3  # noqa: E402
+from tests.sglang.sgl_fixtures import shared_head, shared_tiny  # noqa: E402
 
 if os.environ.get("JETFLOW_SKIP_SGLANG") != "1":  # the lite install: bash scripts/install_sglang_cpu.sh .venv
     import sglang  # noqa: F401
 
 pytestmark = pytest.mark.slow
+PLAIN_RUN: list = []  # the first run's JSON: the plain server's answers do not depend on JETFLOW's scheduler mode
 
 
 @pytest.mark.parametrize("overlap", ["off", "on"])
@@ -26,15 +27,17 @@ def test_soak_40_requests(tmp_path, monkeypatch, overlap):
     # SGLang compiles two sampling helpers with torch.compile on first use (repetition penalty, seeded sampling): a
     # scheduler stop of ~1 min each on a CPU, which the full soak warms up; here the servers run them eagerly.
     monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")
-    target = build_tiny_qwen3(tmp_path / "tiny-qwen3")
-    head = build_tiny_head(target, tmp_path / "tiny-head")
+    target = shared_tiny()
+    head = shared_head(target)
     out = tmp_path / "soak"
     rc = soak_server.main(["--target", str(target), "--head", str(head), "--requests", "40", "--concurrency", "8",
                            "--max-new-tokens", "24", "--max-prompt-chars", "160",  # the tiny model's context: 512
                            "--max-total-tokens", "4096", "--max-minutes", "8", "--sample-s", "2", "--together",
-                           "--overlap", overlap,
+                           "--overlap", overlap, *(["--plain-from", PLAIN_RUN[0]] if PLAIN_RUN else []),
                            "--out", str(out)])
     res = json.loads(out.with_suffix(".json").read_text())
+    if res.get("passed") and not PLAIN_RUN and not res["meta"].get("plain_from"):
+        PLAIN_RUN.append(str(out.with_suffix(".json")))
     assert res["errors"] == [], res["errors"]
     assert not res.get("truncated"), res["truncated"]  # all 40 ran on both servers
     assert res["greedy_mismatches"] == [], res["greedy_mismatches"]

@@ -1,6 +1,7 @@
 """SGLang's own speculative-decoding conformance kits (sglang/test/kits/spec_server_kits.py) against float32 JETFLOW
-servers on the CPU, twice: with the server's default budget (neither JETFLOW_BUDGET nor --speculative-num-draft-tokens)
-and with a fixed budget (JETFLOW_BUDGET=8).
+servers on the CPU, twice on each target: with the server's default budget (neither JETFLOW_BUDGET nor
+--speculative-num-draft-tokens) and with a fixed budget (JETFLOW_BUDGET=8), one of them synchronous and the other on
+SGLang's overlap scheduler (the default target synchronous at the default budget, the tiny one the other way round).
 
 The kits are SGLang's unittest mixins, unchanged. kits_fixture.CpuServerBase stands in for SGLang's GPU EAGLE fixture
 (the same attributes and helpers, this repo's CPU launch). SpecParityKit's non-speculative reference is a plain float32
@@ -67,6 +68,7 @@ from sglang.test.kits.spec_server_kits import (  # noqa: E402
     SpecPenaltyKit, SpecSamplingMaskKit, _greedy)
 
 from tests.sglang.kits_fixture import CpuServerBase, KitServer  # noqa: E402
+from tests.sglang.sgl_server import plain_default  # noqa: E402
 
 pytestmark = pytest.mark.slow
 CpuServerBase.__test__ = False
@@ -96,7 +98,8 @@ class _Pool:
     def __init__(self):
         self.plan: list[type] = []  # the selected test classes, in run order (the module fixture below)
         self.servers: dict = {}
-        self.plain: KitServer | None = None
+        self.plain = None
+        self.session = None  # the session's server pool (pool.py), which keeps the shared plain reference
 
     def start(self, cls) -> KitServer:
         if cls.uses_plain:
@@ -105,13 +108,18 @@ class _Pool:
             self.servers[cls] = cls.start_server()
         return self.servers[cls]
 
-    def start_plain(self) -> KitServer:
-        """The plain (no speculation) float32 reference on the default target."""
+    def start_plain(self):
+        """The plain (no speculation) float32 reference on the default target: the session's shared one
+        (sgl_server.PLAIN_DEFAULT: hidden states on, a KV pool of 16384 tokens), held while the module uses it."""
         if self.plain is None:
-            target, _ = _default_models()
-            self.plain = KitServer(target, ["--dtype", "float32", "--enable-return-hidden-states", *KV_FLAGS],
-                                   _JetflowServer.log_dir / "plain.log")
+            self.plain = plain_default(self.session)
+            self.plain.users += 1
         return self.plain
+
+    def _let_go_of_plain(self) -> None:
+        if self.plain is not None:
+            self.plain.users -= 1  # it stays up for the session's other modules
+            self.plain = None
 
     def prefetch_after(self, cls) -> None:
         """Start the next selected class's server, where memory allows (a SmolLM2 server takes ~3.5 GB)."""
@@ -127,14 +135,13 @@ class _Pool:
             server.stop()
         later = self.plan[self.plan.index(cls) + 1:] if cls in self.plan else []
         if self.plain is not None and not any(c.uses_plain for c in later):  # the reference's last user
-            self.plain.stop()
-            self.plain = None
+            self._let_go_of_plain()
 
     def stop_all(self) -> None:
-        for server in [*self.servers.values(), self.plain]:
-            if server is not None:
-                server.stop()
-        self.servers, self.plain = {}, None
+        for server in self.servers.values():
+            server.stop()
+        self.servers = {}
+        self._let_go_of_plain()
 
 
 POOL = _Pool()
@@ -142,10 +149,11 @@ _plain_cache: dict = {}
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _server_pool(request, tmp_path_factory):
+def _server_pool(request, tmp_path_factory, server_pool):
     """Plans the pool's order from the selected tests (module scope: set up before any class's setUpClass) and
     stops every server at the end. Server logs and the tiny models go to one pytest temporary folder."""
     _JetflowServer.log_dir = tmp_path_factory.mktemp("spec_kits")
+    POOL.session = server_pool
     for item in request.session.items:
         cls = getattr(item, "cls", None)
         if cls is not None and issubclass(cls, _JetflowServer) and cls not in POOL.plan:
@@ -375,10 +383,12 @@ class _TinyKits(_JetflowServer):
         POOL.prefetch_after(cls)
 
 
-# Run order (pytest's: definition order) alternates the targets, so that a prefetched server is the small one
-# or the next real one while the plain reference runs: at most two real-target servers at once.
-class TestKitsDefaultBudget(_JetflowKits):
-    __test__ = True
+# Each target runs the kits at both budgets (the default `auto`, and JETFLOW_BUDGET=8) and on both schedulers
+# (synchronous, and SGLang's overlap scheduler, the default off the CPU), each combination on one of the targets: the
+# default target synchronous at the default budget and on the overlap scheduler at budget 8, the tiny one the other
+# way round. Run order (pytest's: definition order) alternates the targets, so that a prefetched server is the small
+# one or the next real one while the plain reference runs: at most two real-target servers at once.
+class _KitsDefaultBudget(_JetflowKits):
     # SGLang's 3.1 and 1.75 are for 8B targets with EAGLE heads. Measured here (SmolLM2, shipped head, the default
     # budget `auto`): on a quiet machine 2.80-3.76 on the kit's repeated FastAPI prompt and 1.57-1.73 on its four
     # short prompts at batch 4 (four runs), but with the machine loaded by a second test run 1.12 and 1.58 (synchronous)
@@ -395,12 +405,7 @@ class TestKitsDefaultBudget(_JetflowKits):
         self._check_hidden_rows()
 
 
-class TestTinyKitsDefaultBudget(_TinyKits):
-    __test__ = True
-
-
-class TestKitsBudget8(_JetflowKits):
-    __test__ = True
+class _KitsBudget8(_JetflowKits):
     budget_env = "8"
     # Measured (SmolLM2, shipped head, budget 8, float32 greedy: the same on every run): 5.28 on the FastAPI prompt,
     # 1.77 on the four short prompts at batch 4.
@@ -411,23 +416,20 @@ class TestKitsBudget8(_JetflowKits):
         self._check_hidden_rows()
 
 
+class TestKitsDefaultBudget(_KitsDefaultBudget):
+    __test__ = True
+
+
 class TestTinyKitsBudget8(_TinyKits):
     __test__ = True
     budget_env = "8"
 
 
-# The same kits with the worker on SGLang's overlap scheduler (the default off the CPU).
-class TestKitsOverlapDefaultBudget(TestKitsDefaultBudget):
+class TestKitsOverlapBudget8(_KitsBudget8):
+    __test__ = True
     overlap = True
 
 
-class TestTinyKitsOverlapDefaultBudget(TestTinyKitsDefaultBudget):
-    overlap = True
-
-
-class TestKitsOverlapBudget8(TestKitsBudget8):
-    overlap = True
-
-
-class TestTinyKitsOverlapBudget8(TestTinyKitsBudget8):
+class TestTinyKitsOverlapDefaultBudget(_TinyKits):
+    __test__ = True
     overlap = True

@@ -1,6 +1,6 @@
 """`--tokenizer-worker-num 2` (SGLang's multi-tokenizer mode: uvicorn spawns the HTTP tokenizer workers). SGLang 0.5.23
 does not load plugins in those workers, so a JETFLOW server did not start ("Unknown speculative algorithm name:
-JETFLOW"). Now it starts (tokenizer_workers.py), synchronous and on the overlap scheduler; in a mixed greedy + sampled
+JETFLOW"). Now it starts (the hand-over in fixes/request_guard.py), synchronous and on the overlap scheduler; in a mixed greedy + sampled
 load its greedy output equals HF's (float32), and the request guard answers in the workers: out-of-vocabulary ids and
 non-object JSON bodies get 400s, over fresh connections, and the server stays up."""
 from __future__ import annotations

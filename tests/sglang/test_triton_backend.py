@@ -14,8 +14,8 @@ import pytest
 import requests
 import torch
 
-from tests.sglang.sgl_fixtures import _build_tiny, build_tiny_head
-from tests.sglang.sgl_server import Server, running
+from tests.sglang.sgl_fixtures import _build_tiny, build_tiny_head, shared_head, shared_tiny
+from tests.sglang.sgl_server import plain_tiny
 
 torch.set_num_threads(1)
 if os.environ.get("JETFLOW_SKIP_SGLANG") == "1":
@@ -24,29 +24,28 @@ import sglang  # noqa: E402,F401
 
 pytestmark = pytest.mark.slow
 NEW = 20
-# (budget, page size, overlap) per JETFLOW server: one-node trees, small trees, and full trees on 16-token pages; one
-# server per family on SGLang's overlap scheduler (JETFLOW_OVERLAP=on)
-SERVERS = {"Llama": [(1, 1, False), (4, 1, False), (16, 16, True)], "Qwen3": [(1, 16, False), (4, 16, True),
-                                                                           (16, 1, False)]}
+# (budget, page size, overlap) per JETFLOW server: one-node, small and full trees; page sizes 1 and 16 in each
+# family; per family one server synchronous and one on SGLang's overlap scheduler (JETFLOW_OVERLAP=on)
+SERVERS = {"Llama": [(1, 16, False), (16, 1, True)], "Qwen3": [(4, 1, False), (16, 16, True)]}
 PROMPTS = ["The quick brown fox jumps over", "def fib(n):\n    return", "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15"]
 BACKEND = ["--attention-backend", "jetflow_tree_triton"]
 
 
-def _jetflow(target, head, log, budget: int, page: int, overlap: bool) -> Server:
-    return Server(str(target), ["--dtype", "float32", "--speculative-algorithm", "JETFLOW",
-                                "--speculative-draft-model-path", str(head), "--speculative-num-draft-tokens",
-                                str(budget), "--page-size", str(page), *BACKEND],
-                  log, env={"TRITON_INTERPRET": "1", "JETFLOW_OVERLAP": "on" if overlap else "off"})
+def _jetflow(pool, target, head, budget: int, page: int, overlap: bool):
+    return pool.get(target, ["--dtype", "float32", "--speculative-algorithm", "JETFLOW",
+                             "--speculative-draft-model-path", str(head), "--speculative-num-draft-tokens",
+                             str(budget), "--page-size", str(page), *BACKEND],
+                    env={"TRITON_INTERPRET": "1", "JETFLOW_OVERLAP": "on" if overlap else "off"},
+                    name=f"triton-b{budget}-p{page}", shared=False)
 
 
 @pytest.fixture(scope="module", params=list(SERVERS))
-def family(request, tmp_path_factory):
-    root = tmp_path_factory.mktemp(f"triton-{request.param.lower()}")
-    target = _build_tiny(root / "target", request.param, 0)
-    head = build_tiny_head(target, root / "head")
-    plain = Server(str(target), ["--dtype", "float32"], root / "plain.log")
-    spec = [_jetflow(target, head, root / f"jetflow-b{b}-p{p}.log", b, p, o) for b, p, o in SERVERS[request.param]]
-    for servers in running(plain, *spec):
+def family(request, server_pool):
+    target = shared_tiny(request.param)
+    head = shared_head(target)
+    plain = plain_tiny(server_pool, target, shared=request.param == "Qwen3")  # the tiny Qwen3's: the session's
+    spec = [_jetflow(server_pool, target, head, b, p, o) for b, p, o in SERVERS[request.param]]
+    with server_pool.use(plain, *spec) as servers:
         yield request.param, target, servers[0], servers[1:]
 
 
@@ -57,7 +56,7 @@ def _ids(target):
     return [tok(p).input_ids for p in PROMPTS]
 
 
-def _batch(srv: Server, ids: list[list[int]]) -> list[dict]:
+def _batch(srv, ids: list[list[int]]) -> list[dict]:
     """The 3 prompts in one /generate call: SGLang schedules them as one batch of different lengths."""
     return srv.generate(input_ids=ids, sampling_params={"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True})
 

@@ -13,7 +13,7 @@ from jetflow_sglang.sglang.cpu import ops as cpu_ops  # noqa: E402
 
 cpu_ops.install()  # SGLang's attention modules reach torchvision (a stub on a CPU install)
 from jetflow_sglang.core.tree import unpack_bits  # noqa: E402
-from jetflow_sglang.sglang.triton_backend import block_table, pack_tree_rows, paged  # noqa: E402
+from jetflow_sglang.sglang.attention.tree_triton import block_table, pack_tree_rows, paged  # noqa: E402
 
 
 def test_block_table_reads_one_slot_per_page():

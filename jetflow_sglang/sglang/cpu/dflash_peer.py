@@ -1,6 +1,6 @@
 """SGLang's own DFLASH on a CPU, as a benchmark peer of JETFLOW (scripts/bench_serving.py, tests only).
 
-SGLang 0.5.23's DFLASH does not start on a CPU (../../../docs/SGLANG.md, "SGLang's DFLASH as a benchmark peer").
+SGLang 0.5.23's DFLASH does not start on a CPU (../../../docs/SGLANG_RECORD.md, "SGLang's DFLASH as a benchmark peer").
 This module makes it run there, and is active only in a server process whose launch environment has
 
     JETFLOW_BENCH_DFLASH_PEER=1      (together with JETFLOW_SGLANG_CPU=1, which loads cpu/boot.py at start-up)

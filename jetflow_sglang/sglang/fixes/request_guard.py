@@ -1,4 +1,5 @@
-"""One place that keeps single requests from hurting the server (installed by the plugin in every SGLang process).
+"""One place that keeps single requests from hurting the server (installed in the processes of JETFLOW servers and
+Engines; in every SGLang server with the opt-in JETFLOW_GUARD_ALL=1, see plugin.py).
 
 1. Token ids. SGLang 0.5.23 validates prompt length and sampling parameters in its tokenizer manager, but an empty
    prompt (`{"text": ""}`) and token ids outside the vocabulary (`{"input_ids": [1, 2, 60000]}`) reach the scheduler,
@@ -22,6 +23,20 @@
    (`ModelRunner._extend_forward_kwargs`), so a float32 or float16 model's first layer fails on any of them. Checked
    in the same wrapper: a 400 naming the model's hidden size or dtype. (An empty list gets SGLang's own 500 before
    the wrapper runs; the server stays up.)
+5. `--tokenizer-worker-num N` (N > 1): SGLang's HTTP tokenizer workers load the plugins too.
+   
+   SGLang 0.5.23 calls `load_plugins()` in the launcher, the schedulers and the detokenizer, but not in the tokenizer
+   workers that uvicorn spawns in multi-tokenizer mode (upstream PR sgl-project/sglang#38464 is open). There the
+   tokenizer manager's `compute_num_reserved_tokens` looks up the speculative algorithm by name, so a JETFLOW server
+   did not start ("Unknown speculative algorithm name: JETFLOW"), and a plain one ran its workers without the request
+   guard.
+   
+   Each worker's first step is to unpickle, from shared memory, the (port_args, server_args, scheduler_info) that the
+   launcher wrote with `write_data_for_multi_tokenizer`. The launcher's copy of that function is wrapped to hand over
+   `scheduler_info` as a dict whose unpickling runs `load_plugins()` first and then gives the plain dict back. So the
+   plugins load in each worker before its tokenizer manager is built, with the request guard that the launcher has (it
+   hands over this dict only where the guard is installed: JETFLOW servers, or JETFLOW_GUARD_ALL=1), and nothing else
+   in the worker changes.
 """
 from __future__ import annotations
 
@@ -188,8 +203,6 @@ def _install_http(module) -> None:
     """The body check on SGLang's FastAPI app, and the plugins (this guard among them) in its tokenizer workers."""
     from starlette.middleware import Middleware
 
-    from jetflow_sglang.sglang.tokenizer_workers import install as install_tokenizer_workers
-
     app = getattr(module, "app", None)
     if app is None or getattr(app, "_jetflow_body_guard", False):
         return
@@ -197,7 +210,7 @@ def _install_http(module) -> None:
     if app.middleware_stack is not None:  # a tokenizer worker loads the plugins inside the app's lifespan
         app.middleware_stack = app.build_middleware_stack()
     app._jetflow_body_guard = True
-    install_tokenizer_workers(module)
+    _install_tokenizer_workers(module)
 
 
 class _Loader(importlib.abc.Loader):
@@ -225,13 +238,48 @@ class _PostImportHook(importlib.abc.MetaPathFinder):
         return spec
 
 
-def install() -> None:
-    """Register the token-id check with SGLang's plugin HookRegistry (applied by load_plugins in each process) and
-    the body check on SGLang's FastAPI app (now if it is imported already, else when it is)."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+# -- 5. tokenizer workers ----------------------------------------------------------------------------------------
+def _load_plugins_then(info: dict) -> dict:
+    from sglang.srt.plugins import load_plugins
 
-    if not any(h is _around_validate for _, h, _ in HookRegistry._hooks.get(TARGET, [])):
-        HookRegistry.register(TARGET, _around_validate, HookType.AROUND)
+    load_plugins()
+    install()  # what a JETFLOW server's (or a JETFLOW_GUARD_ALL=1 server's) tokenizer needs
+    return info
+
+
+class _LoadsPlugins(dict):
+    """scheduler_info as the launcher hands it to the tokenizer workers: unpickling it loads the plugins first."""
+
+    def __reduce__(self):
+        return _load_plugins_then, (dict(self),)
+
+
+def _install_tokenizer_workers(http_server) -> None:
+    """Wrap http_server's `write_data_for_multi_tokenizer` (the launcher's; called once, before the workers start)."""
+    from jetflow_sglang.sglang.compat import wrap
+
+    def make(original):
+        def write_data_for_multi_tokenizer(port_args, server_args, scheduler_info):
+            return original(port_args, server_args, _LoadsPlugins(scheduler_info))
+
+        return write_data_for_multi_tokenizer
+
+    wrap(http_server, "write_data_for_multi_tokenizer", make)
+
+
+def install() -> None:
+    """Wrap the tokenizer manager's request check (section 1, 3, 4) and add the body check (section 2) to SGLang's
+    FastAPI app: now if it is imported already, else when it is. Once per process."""
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+    from jetflow_sglang.sglang.compat import wrap
+
+    def make(original):
+        def _validate_one_request(self, obj, input_ids, *args, **kwargs):
+            return _around_validate(original, self, obj, input_ids, *args, **kwargs)
+        return _validate_one_request
+
+    wrap(TokenizerManager, "_validate_one_request", make)
     if HTTP_MODULE in sys.modules:
         _install_http(sys.modules[HTTP_MODULE])
     elif not any(isinstance(f, _PostImportHook) for f in sys.meta_path):

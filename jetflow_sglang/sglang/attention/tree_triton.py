@@ -20,9 +20,10 @@ import logging
 import torch
 
 from jetflow_sglang.core.tree import pack_bits
-from jetflow_sglang.sglang.attention_backend import TreeTorchNativeAttnBackend, host_max_len, tree_rows_mask
+from jetflow_sglang.sglang.attention.tree_native import TreeTorchNativeAttnBackend, host_max_len, tree_rows_mask
+from jetflow_sglang.sglang.attention.guard import TREE_TRITON
 
-NAME = "jetflow_tree_triton"
+NAME = TREE_TRITON  # the name SGLang knows it by
 logger = logging.getLogger(__name__)
 
 
@@ -125,7 +126,7 @@ def create(runner):
         from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
         class TreeTritonCUDABackend(TreeTritonVerify, TritonAttnBackend):
-            """CUDA: EXTEND and DECODE through SGLang's triton backend (not yet run on a GPU: see docs/SGLANG.md)."""
+            """CUDA: EXTEND and DECODE through SGLang's triton backend (not yet run on a GPU: see docs/SERVING.md)."""
 
         return TreeTritonCUDABackend(runner)
     return TreeTritonCPUBackend(runner)

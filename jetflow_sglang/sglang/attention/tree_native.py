@@ -13,7 +13,9 @@ from torch.nn.functional import scaled_dot_product_attention as sdpa
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
-NAME = "jetflow_tree_native"
+from jetflow_sglang.sglang.attention.guard import TREE_NATIVE
+
+NAME = TREE_NATIVE  # the name SGLang knows it by (attention/guard.py names both of ours)
 
 
 def host_max_len(forward_batch) -> int:

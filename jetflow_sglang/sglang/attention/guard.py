@@ -103,6 +103,20 @@ def check_resolved(device: str | None, prefill: str | None, decode: str | None, 
                                     f"not read the tree mask; pass --attention-backend {' or '.join(safe)}")
 
 
+def verify_backend(view) -> str | None:
+    """The attention backend that runs TARGET_VERIFY: SGLang's hybrid backend takes the decode one when
+    speculative_attention_mode is "decode", else the prefill one (its default). The tree mask's layout must follow it."""
+    from sglang.srt.arg_groups.overrides import attention_backends_of
+
+    prefill, decode = attention_backends_of(view)
+    return decode if getattr(view, "speculative_attention_mode", "prefill") == "decode" else prefill
+
+
+def full_mask(backend: str | None) -> bool:
+    """FULL (n x (L+n) per request) for SGLang's custom-mask backends, QLEN_ONLY (n x n) for this project's."""
+    return backend not in (TREE_NATIVE, TREE_TRITON)
+
+
 # -- the SGLang side ---------------------------------------------------------------------------------------------
 def _platform_flags() -> tuple[bool, bool]:
     """(has_flashinfer, is_hip) of this machine, False/False when SGLang cannot tell (CPU-only installs)."""
@@ -142,9 +156,3 @@ def guard_hook(server_args, previous) -> None:
     previous(server_args)
     check_resolved(cfg.device, *attention_backends_of(resolving_view(server_args)), is_hip=is_hip)
 
-
-def install() -> None:
-    from sglang.srt.arg_groups import resolution_hooks
-
-    if guard_hook not in resolution_hooks._HOOKS.get(HOOK, []):
-        resolution_hooks.register_resolution_hook(HOOK)(guard_hook)

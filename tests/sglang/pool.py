@@ -1,0 +1,123 @@
+"""One pool of real SGLang servers for the whole test session.
+
+A launch is a key: (model, flags, environment). The first module that asks for a launch starts it; every later module
+that asks for the same launch gets the same running server, so a server that several modules need starts once per
+session instead of once per module. A module holds its servers while it runs (`use`); a shared server nobody holds
+stays up (idle: --sleep-on-idle) until the session ends, or until starting another would pass MAX_LIVE live servers
+or leave less than MIN_AVAILABLE memory, when the least recently used idle one is stopped; a module's own launch
+(shared=False) stops when the module lets go of it. Plain references memoise their greedy answers
+(`PooledServer.memo`): every module and scheduler mode that compares against the same request reads one answer.
+
+Modules whose tests change a server's state (weights, pause, flushed caches on purpose, killed processes) keep their
+own servers; servers from the pool serve requests only.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+from tests.sglang.sgl_server import Server
+
+MAX_LIVE = int(os.environ.get("JETFLOW_TEST_MAX_SERVERS", "6"))  # a tiny server takes about 2.5 GB; SmolLM2 ~3.5 GB
+MIN_AVAILABLE = 6 << 30  # bytes: below this, idle servers stop before another starts
+
+
+def _greedy(body: dict) -> bool:
+    """A request whose answer is fixed by its body: every sampling_params at temperature 0."""
+    params = body.get("sampling_params")
+    params = params if isinstance(params, list) else [params]
+    return all(isinstance(p, dict) and p.get("temperature", 1.0) == 0 for p in params) and not body.get("stream")
+
+
+class PooledServer(Server):
+    """A Server of the pool. With `memo` (the plain references), a greedy /generate body it has answered before is
+    answered from memory: every module and scheduler mode that compares against it reads one answer."""
+
+    def __init__(self, model, args, log, env=None, **kwargs):
+        super().__init__(model, args, log, env=env, **kwargs)
+        self.env_extra = env
+        self.users = 0
+        self.shared = True
+        self.ready = False
+        self.memo = False
+        self._answers: dict = {}
+
+    def wait_ready(self) -> "PooledServer":
+        if not self.ready:
+            super().wait_ready()
+            self.ready = True
+        return self
+
+    def generate(self, timeout: float = 300, **body) -> dict:
+        if not (self.memo and _greedy(body)):
+            return super().generate(timeout=timeout, **body)
+        key = json.dumps(body, sort_keys=True)
+        if key not in self._answers:
+            self._answers[key] = super().generate(timeout=timeout, **body)
+        return copy.deepcopy(self._answers[key])
+
+
+class ServerPool:
+    def __init__(self, root: Path, max_live: int = MAX_LIVE):
+        self.root, self.max_live = Path(root), max_live
+        self.live: dict[tuple, PooledServer] = {}  # in order of last use, most recent last
+        self.starts: list[str] = []  # every start, for the session's report
+        self.reuses = 0  # gets answered by a server that was already up
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(model, args, env) -> tuple:
+        return str(model), tuple(str(a) for a in args), tuple(sorted((env or {}).items()))
+
+    def get(self, model, args: list[str], env: dict | None = None, name: str = "server",
+            shared: bool = True) -> PooledServer:
+        """The pool's server for this launch, started (not waited for) if it is not up. shared=False: a launch only
+        this module makes; it stops when the module lets go of it (`use`)."""
+        key = self.key(model, args, env)
+        with self._lock:
+            srv = self.live.pop(key, None)
+            if srv is not None and srv.proc.poll() is not None:  # it died: a test will have said so; start again
+                srv.stop()
+                srv = None
+            if srv is not None:
+                self.reuses += 1
+            else:
+                self._make_room()
+                log = self.root / f"{len(self.starts):02d}-{name}.log"
+                srv = PooledServer(str(model), list(args), log, env=env)
+                srv.shared = shared
+                self.starts.append(f"{name}: {model} {' '.join(map(str, args))} {dict(env or {})}")
+            self.live[key] = srv
+            return srv
+
+    def _make_room(self) -> None:
+        import psutil
+
+        while len(self.live) >= self.max_live or psutil.virtual_memory().available < MIN_AVAILABLE:
+            idle = [k for k, s in self.live.items() if s.users == 0]
+            if not idle:
+                return  # every live server is held: start one more rather than fail
+            self.live.pop(idle[0]).stop()
+
+    @contextmanager
+    def use(self, *servers: PooledServer):
+        """Hold the servers (ready) while the block runs; they stay up for later users afterwards."""
+        for s in servers:
+            s.users += 1
+        try:
+            yield tuple(s.wait_ready() for s in servers)
+        finally:
+            for s in servers:
+                s.users -= 1
+                if s.users == 0 and not s.shared:
+                    self.live.pop(self.key(s._model, s._args, s.env_extra), None)
+                    s.stop()
+
+    def stop_all(self) -> None:
+        for srv in self.live.values():
+            srv.stop()
+        self.live.clear()
