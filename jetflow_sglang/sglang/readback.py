@@ -76,12 +76,13 @@ class Readback:
         self.marks.append(_Mark(self.cuda))
 
     def push(self, budget: int, batch: int, path: torch.Tensor) -> None:
-        """Close the round being run (its last mark) and queue what the host will want from it."""
+        """Close the round being run (its last mark) and queue what the host will want from it. The copy is queued
+        before the last mark is recorded, so that the mark's event completing means the copy has landed too."""
+        host = path.to("cpu", non_blocking=True) if self.cuda else path
         self.mark()
         marks, self.marks = self.marks, []
         gap = marks[0].t - self._last_end if self._last_end is not None else 0.0
         self._last_end = marks[-1].t
-        host = path.to("cpu", non_blocking=True) if self.cuda else path
         self.pending.append((budget, batch, host, marks, gap))
         while len(self.pending) > self.keep:
             self.pending.popleft()

@@ -73,6 +73,9 @@ def verify_mask(anc: torch.Tensor, seq_lens: torch.Tensor, full: bool, max_len: 
     if not full:
         return anc.reshape(-1)
     b, n, _ = anc.shape
+    # a host bound below a request's length would cut its rows short, and SGLang's NGRAM input pads a short mask with
+    # True (tree nodes would see non-ancestors): refuse on the device instead, without waiting for it
+    torch._assert_async(torch.all(seq_lens.long() <= int(max_len)), "verify_mask: max_len is below a sequence length")
     width = int(max_len) + n
     cols = torch.arange(width, device=anc.device)
     L = seq_lens.long()[:, None, None]

@@ -19,7 +19,7 @@ if os.environ.get("JETFLOW_SKIP_SGLANG") == "1":
 
 from jetflow_sglang.sglang.fixes.request_guard import MAX_N  # noqa: E402
 from tests.sglang.sgl_fixtures import shared_tiny  # noqa: E402
-from tests.sglang.sgl_server import LONG_ENV, PLAIN_TINY, Server, plain_tiny  # noqa: E402
+from tests.sglang.sgl_server import Server  # noqa: E402
 
 torch.set_num_threads(1)
 pytestmark = pytest.mark.slow
@@ -103,8 +103,9 @@ def test_plain_server_answers_as_without_the_plugin(server_pool):
     from transformers import AutoTokenizer
 
     target = shared_tiny()
-    on = plain_tiny(server_pool, target)  # the session's shared plain server: it has the package installed
-    off = server_pool.get(target, PLAIN_TINY, env={**LONG_ENV, **OFF}, name="scope-off", shared=False)
+    # two fresh servers (the shared plain one has served other modules: its /server_info counters differ)
+    on = server_pool.get(target, PLAIN, name="scope-on", shared=False)
+    off = server_pool.get(target, PLAIN, env=OFF, name="scope-off", shared=False)
     ids = AutoTokenizer.from_pretrained(target)("The quick brown fox").input_ids
     with server_pool.use(on, off):
         for route, body in _requests(ids):

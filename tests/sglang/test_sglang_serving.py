@@ -182,6 +182,8 @@ def test_verify_mask_and_links_on_device():
                      for i, L in enumerate(lens)])
     assert torch.equal(full, ref)
     assert torch.equal(verify_mask(anc, lens, False), anc.reshape(-1))
+    with pytest.raises(RuntimeError, match="max_len is below"):  # a short bound is refused, never padded
+        verify_mask(anc, lens, True, 4)
 
 
 # -- sampled traffic on one-node rounds (the OpenAI routes default to temperature 1.0) -------------------------------
