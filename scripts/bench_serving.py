@@ -4,19 +4,27 @@ DFLASH, same build.
 For each server configuration it starts `python -m sglang.launch_server` on 127.0.0.1 and runs two workloads:
   mixed          GSM8K and MT-Bench chat prompts (interleaved), at every concurrency level
   shared-prefix  one ~400-token system prompt + different questions (the radix cache serves the prefix)
-Each request streams, so TTFT (first chunk), ITL (mean time per output token after the first) and end-to-end
-latency are measured per request; throughput is output tokens / wall time of the level; the accept length is the
+--sets replaces the mixed workload with one workload per held-out prompt set of ../shared/data (gsm8k, math500,
+humaneval, mtbench: the first --requests prompts of each, as chat messages). Each request streams, so TTFT (first
+chunk), TPOT (mean time per output token after the first), ITL (mean gap between streamed chunks, as SGLang's own
+client reports it: a speculative round streams several tokens at once) and end-to-end latency are measured per
+request; throughput is output tokens / wall time of the level; the accept length is the
 server's (`spec_accept_length` in meta_info). Results: <out>.json, <out>.md and <out>.png.
 
     python scripts/bench_serving.py                          # default SmolLM2 + shipped head, CPU, all configs
     python scripts/bench_serving.py --configs nospec jetflow-b8 --concurrency 1 4 --requests 16
     python scripts/bench_serving.py --burst 3 ...            # every level starts with 3 s of load on every core
+    python scripts/bench_serving.py --sets gsm8k math500 humaneval mtbench --prefix-concurrency \
+        --configs nospec jetflow-b1 jetflow-b8 jetflow-b16 jetflow-b32 jetflow-default --concurrency 1 4
+                                                             # the budget sweep: one workload per held-out set
     python scripts/bench_serving.py --dflash-head DIR --dflash-blocks 8,16 \
         --configs nospec jetflow-default dflash-b8 dflash-b16 jetflow-dflash-b16   # SGLang's DFLASH beside JETFLOW
 
 dflash-bN: SGLang's own DFLASH with block size N on a DFlash release-layout head (--dflash-head; default: an export of
 the shipped bidirectional head, where it can be exported), made to run on the CPU by
 jetflow_sglang/sglang/cpu/dflash_peer.py (JETFLOW_BENCH_DFLASH_PEER=1 in those servers' environment only).
+jetflow-bN: JETFLOW at a fixed budget N (1-512; jetflow-b1 is JETFLOW's plain step alone: the same serving stack
+without speculation, the second baseline).
 jetflow-dflash-bN: JETFLOW on the same head with JETFLOW_DRAFTER=dflash, lookup off and a fixed budget N: the same
 drafts, so it accepts what dflash-bN accepts (tests/sglang/test_dflash_peer.py) and the two differ in serving cost only.
 
@@ -45,17 +53,45 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "sglang"))
 from sgl_server import Server, process_tree_cpu_s  # noqa: E402  (the same launcher the e2e tests use)
 
+from jetflow_sglang.core.tree import MAX_BUDGET  # noqa: E402
 from jetflow_sglang.machine import bf16_isa, cpu_model  # noqa: E402
 
 
 CONFIGS = ("nospec", "jetflow-b8", "jetflow-b16", "jetflow-default", "jetflow-auto", "ngram")  # the default run
-EXTRA = ("jetflow-b1",  # JETFLOW's plain step alone (budget 1: no head forward, a one-node verify)
-         "jetflow-b2", "jetflow-b4",  # small fixed trees (what `auto` picks at larger batches)
-         "jetflow-auto-nolookup", "jetflow-b8-nolookup", "jetflow-b16-nolookup",  # JETFLOW_LOOKUP=off (the head alone)
+EXTRA = ("jetflow-auto-nolookup", "jetflow-b8-nolookup", "jetflow-b16-nolookup",  # JETFLOW_LOOKUP=off (the head alone)
          "jetflow-default-overlap", "jetflow-b8-overlap")  # on SGLang's overlap scheduler (JETFLOW_OVERLAP=on)
 SYSTEM = ("You are a careful assistant for a school. Answer the question that follows. Explain every step of your "
           "reasoning in plain words, check each number twice, keep units consistent, and end with a short summary "
           "sentence that states the final answer. Be polite and concise, avoid jargon, and never invent facts. ")
+
+
+SHARED_DATA = ROOT.parent / "shared" / "data"  # the project's prompt sets (never downloaded at run time)
+SETS = {  # --sets name -> (file under SHARED_DATA, how a row gives its prompt): held-out splits only
+    "gsm8k": ("gsm8k/test.jsonl", lambda r: r["question"]),
+    "math500": ("math500/test.jsonl", lambda r: r["problem"]),
+    "humaneval": ("humaneval/HumanEval.jsonl.gz", lambda r: "Complete this Python function.\n\n" + r["prompt"]),
+    "mtbench": ("mt_bench/question.jsonl", lambda r: r["turns"][0]),
+}
+
+
+def load_set(name: str, n: int) -> list[str]:
+    """The first n prompts of a held-out set in ../shared/data (SETS)."""
+    import gzip
+
+    rel, prompt = SETS[name]
+    path = SHARED_DATA / rel
+    if not path.is_file():
+        raise FileNotFoundError(f"--sets {name}: {path} is missing (the project's prompt sets live in ../shared/data)")
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        rows = [json.loads(ln) for ln in f if ln.strip()]
+    return [prompt(r) for r in rows[:n]]
+
+
+def jetflow_budget(name: str) -> int | None:
+    """N of a `jetflow-bN` config (a fixed budget), else None."""
+    tail = name.removeprefix("jetflow-b")
+    return int(tail) if name.startswith("jetflow-b") and tail.isdigit() else None
 
 
 def load_prompts(n: int) -> list[str]:
@@ -104,10 +140,9 @@ def config_args(name: str, head: str | None, drafter: str, dflash_head: str | No
                     "--speculative-num-draft-tokens", str(block), "--attention-backend", "jetflow_tree_native"], \
                 dict(DFLASH_PEER_ENV)
         return ["--speculative-algorithm", "JETFLOW", "--speculative-draft-model-path", dflash_head,  # same drafts
-                "--speculative-num-draft-tokens", str(block)], {"JETFLOW_DRAFTER": "dflash", "JETFLOW_LOOKUP": "off",
-                                                                "JETFLOW_COUNT_SYNCS": "1"}
+                "--speculative-num-draft-tokens", str(block)], {"JETFLOW_DRAFTER": "dflash", "JETFLOW_LOOKUP": "off"}
     head_args = ["--speculative-draft-model-path", head] if head and drafter not in ("ngram", "ar") else []
-    env = {"JETFLOW_DRAFTER": drafter, "JETFLOW_COUNT_SYNCS": "1"}  # host syncs per round, in the report
+    env = {"JETFLOW_DRAFTER": drafter}
     if name.endswith("-overlap"):  # the worker on SGLang's overlap scheduler (a CPU server is synchronous otherwise)
         name, env = name.removesuffix("-overlap"), {**env, "JETFLOW_OVERLAP": "on"}
     if name.endswith("-nolookup"):  # without it JETFLOW_LOOKUP is auto: on for a CPU server
@@ -117,7 +152,7 @@ def config_args(name: str, head: str | None, drafter: str, dflash_head: str | No
     if name == "ngram":  # SGLang's own algorithm; on CPU it verifies through JetFlow's tree backend
         return ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8",
                 "--attention-backend", "jetflow_tree_native"], {}
-    if name == "jetflow-default":  # what a user gets with no budget setting: auto, up to 8 nodes
+    if name == "jetflow-default":  # what a user gets with no budget setting: auto (config.DEFAULT_BUDGET)
         return ["--speculative-algorithm", "JETFLOW", *head_args], env
     if name == "jetflow-auto":  # auto up to 16 nodes
         return ["--speculative-algorithm", "JETFLOW", "--speculative-num-draft-tokens", "16", *head_args], \
@@ -130,19 +165,21 @@ def stream_one(url: str, ids: list[int], max_tokens: int) -> dict:
     t0 = time.perf_counter()
     body = {"input_ids": ids, "stream": True,
             "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0}}
-    first, last_meta = None, {}
+    first, last_meta, chunks = None, {}, []
     with requests.post(url + "/generate", json=body, stream=True, timeout=1800) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith(b"data:") or line == b"data: [DONE]":
                 continue
+            chunks.append(time.perf_counter() - t0)
             if first is None:
-                first = time.perf_counter() - t0
+                first = chunks[0]
             last_meta = json.loads(line[5:]).get("meta_info", last_meta)
     e2e = time.perf_counter() - t0
     n = int(last_meta.get("completion_tokens", 0))
     return {"ttft": first if first is not None else e2e, "e2e": e2e, "tokens": n,
-            "itl": (e2e - (first or e2e)) / (n - 1) if n > 1 else 0.0,
+            "tpot": (e2e - (first or e2e)) / (n - 1) if n > 1 else 0.0,
+            "itl": (chunks[-1] - chunks[0]) / (len(chunks) - 1) if len(chunks) > 1 else 0.0,
             "accept": last_meta.get("spec_accept_length"), "verify_ct": last_meta.get("spec_verify_ct"),
             "cached": last_meta.get("cached_tokens", 0)}
 
@@ -163,6 +200,7 @@ def summarize(concurrency: int, res: list[dict], wall: float) -> dict:
     p50 = lambda k: round(statistics.median(x[k] for x in res), 4)  # noqa: E731
     return {"concurrency": concurrency, "requests": len(res), "output_tokens": toks, "wall_s": round(wall, 3),
             "output_tok_per_s": round(toks / wall, 3), "ttft_mean_s": mean("ttft"), "ttft_p50_s": p50("ttft"),
+            "tpot_mean_ms": round(1000 * statistics.mean(x["tpot"] for x in res), 3),
             "itl_mean_ms": round(1000 * statistics.mean(x["itl"] for x in res), 3),
             "e2e_mean_s": mean("e2e"), "e2e_p50_s": p50("e2e"), "e2e_max_s": round(max(x["e2e"] for x in res), 4),
             "accept_length": round(statistics.mean(acc), 3) if acc else None,
@@ -267,7 +305,7 @@ def server_state(srv: Server) -> dict:
         return {}
 
 
-JETFLOW_ROUND_FIELDS = ("host_syncs_per_round", "round_split")  # the JETFLOW worker's per-round cost, where it has them
+JETFLOW_ROUND_FIELDS = ("host_syncs_per_round", "round_split", "recent_budgets")  # the JETFLOW worker's per-round cost, where it has them
 
 
 def jetflow_round_fields(state: dict) -> dict:
@@ -331,13 +369,13 @@ def write_report(out: Path, meta: dict, results: list[dict], failures: dict) -> 
              f"Command: `{meta['command']}`", "",
              f"model `{meta['model']}`, head `{meta['head']}`, drafter `{meta['drafter']}`, dtype {meta['dtype']}, "
              f"{meta['requests_per_level']} requests per level and round, {meta.get('rounds', 1)} round(s) pooled "
-             f"(GSM8K + MT-Bench chat prompts), max_tokens "
+             f"({meta.get('workloads', 'GSM8K + MT-Bench chat prompts')}), max_tokens "
              f"{meta['max_tokens']}, greedy, radix cache on; shared-prefix: a {meta['prefix_tokens']}-token system "
              f"prompt + different questions; {meta.get('threads', 1)} torch threads per server; machine: {meta['machine']}; sglang {meta['sglang']}, torch {meta['torch']}.",
              "", "| workload | config | conc. | output tok/s | vs nospec | vs jetflow-b1 | per round (min-max) | "
-                 "TTFT mean (s) | ITL mean (ms) | e2e mean (s) | e2e p50 | e2e max | accept len | cached tok | "
+                 "TTFT mean (s) | TPOT mean (ms) | ITL mean (ms) | e2e mean (s) | e2e p50 | e2e max | accept len | cached tok | "
                  "others' CPU s (max round) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         b = base.get((r["workload"], r["concurrency"]))
         sp = f"{r['output_tok_per_s'] / b:.2f}x" if b else "-"
@@ -348,7 +386,7 @@ def write_report(out: Path, meta: dict, results: list[dict], failures: dict) -> 
         spread = f"{min(ratios):.2f}-{max(ratios):.2f}x" if ratios and r["config"] != "nospec" else "-"
         lines.append(f"| {r['workload']} | {r['config']} | {r['concurrency']} | {r['output_tok_per_s']:.1f} | {sp} | "
                      f"{sp1} | {spread} | "
-                     f"{r['ttft_mean_s']:.3f} | {r['itl_mean_ms']:.1f} | {r['e2e_mean_s']:.2f} | {r['e2e_p50_s']:.2f} "
+                     f"{r['ttft_mean_s']:.3f} | {_ms(r.get('tpot_mean_ms'))} | {r['itl_mean_ms']:.1f} | {r['e2e_mean_s']:.2f} | {r['e2e_p50_s']:.2f} "
                      f"| {r['e2e_max_s']:.2f} | {acc} | {r['cached_tokens_mean']:.0f} | {_others(r)} |")
     lines += round_table(results)
     lines += ["", "All servers run at once with `--sleep-on-idle`; each level runs every configuration back to back, "
@@ -398,6 +436,10 @@ def round_table(results: list[dict]) -> list[str]:
                          f"{'-' if v is None else f'{v:.2f}'} | {j.get('host_syncs_per_round', '-')} | "
                          f"{'-' if split is None else json.dumps(split, separators=(',', ':'))} |")
     return lines
+
+
+def _ms(x) -> str:
+    return "-" if x is None else f"{x:.1f}"
 
 
 def _others(r: dict) -> str:
@@ -452,6 +494,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dflash-blocks", default="8,16",
                     help="block sizes of the default run's dflash-bN configs, comma-separated (default 8,16; '' for "
                          "none)")
+    ap.add_argument("--sets", nargs="+", choices=sorted(SETS), default=None,
+                    help="one workload per held-out prompt set of ../shared/data instead of the mixed one")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--prefix-concurrency", type=int, nargs="*", default=[1, 4],
                     help="concurrency levels of the shared-prefix workload (none: skip it)")
@@ -472,6 +516,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-foreign-cpu", type=float, default=0.25,
                     help="a round whose foreign CPU exceeds this share of one core is run again (default 0.25)")
     ap.add_argument("--retries", type=int, default=2, help="reruns of a round slowed by foreign load (default 2)")
+    ap.add_argument("--count-syncs", action="store_true",
+                    help="JETFLOW servers count each round's host waits (JETFLOW_COUNT_SYNCS=1, in the report's per-round "
+                         "table); its dispatch-level checker slows every round, so timings are off by default")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "sglang_serving"))
     a = ap.parse_args(argv)
     if any(c < 1 for c in a.concurrency + a.prefix_concurrency) or a.requests < 1 or a.max_tokens < 1 \
@@ -487,10 +534,11 @@ def main(argv=None) -> int:
         ap.error(f"--dflash-blocks must be between 2 and 64; got {a.dflash_blocks!r}")
     explicit = a.configs is not None
     a.configs = list(dict.fromkeys(a.configs if explicit else [*CONFIGS, *(f"dflash-b{n}" for n in blocks)]))
-    bad = [c for c in a.configs if c not in CONFIGS + EXTRA and not 2 <= (dflash_block(c) or 0) <= 64]
+    bad = [c for c in a.configs if c not in CONFIGS + EXTRA and not 2 <= (dflash_block(c) or 0) <= 64
+           and not 1 <= (jetflow_budget(c) or 0) <= MAX_BUDGET]
     if bad:
-        ap.error(f"unknown config(s) {' '.join(bad)}; choose from {' '.join(CONFIGS + EXTRA)}, dflash-bN, "
-                 "jetflow-dflash-bN (N in 2..64)")
+        ap.error(f"unknown config(s) {' '.join(bad)}; choose from {' '.join(CONFIGS + EXTRA)}, jetflow-bN (N in "
+                 f"1..{MAX_BUDGET}), dflash-bN, jetflow-dflash-bN (N in 2..64)")
 
     from transformers import AutoTokenizer
 
@@ -518,12 +566,17 @@ def main(argv=None) -> int:
             a.configs = [c for c in a.configs if c not in dflash_names]
     tok = AutoTokenizer.from_pretrained(model)
     mixed = [chat_ids(tok, [{"role": "user", "content": p}]) for p in load_prompts(a.requests)]
+    try:
+        sets = [(name, [chat_ids(tok, [{"role": "user", "content": p}]) for p in load_set(name, a.requests)],
+                 a.concurrency) for name in a.sets or []]
+    except FileNotFoundError as e:
+        ap.error(str(e))
     sys_text = system_prompt(tok, a.prefix_tokens)
     questions = [json.loads(ln)["prompt"] for ln in (ROOT / "bench" / "data" / "gsm8k.jsonl").read_text().splitlines()]
     shared = [chat_ids(tok, [{"role": "system", "content": sys_text}, {"role": "user", "content": q}])
               for q in (questions * (a.requests // len(questions) + 1))[: a.requests]]
-    workloads = [("mixed", mixed, a.concurrency)] + ([("shared-prefix", shared, a.prefix_concurrency)]
-                                                      if a.prefix_concurrency else [])
+    workloads = (sets or [("mixed", mixed, a.concurrency)]) + ([("shared-prefix", shared, a.prefix_concurrency)]
+                                                               if a.prefix_concurrency else [])
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     busy = busy_processes(min_cores=a.max_foreign_cpu)  # before any server: a neighbour's load would skew every level
@@ -538,6 +591,8 @@ def main(argv=None) -> int:
     servers = {}  # every configuration's server runs at once (asleep when idle), so each level runs them back to back
     for name in tqdm(a.configs, desc="servers", unit="server"):
         args, env = config_args(name, head, drafter, dflash_head)
+        if a.count_syncs and "JETFLOW" in args:
+            env = {**env, "JETFLOW_COUNT_SYNCS": "1"}
         srv = Server(model, [*common, *args], logs / f"{name}.log", env={**env, "OMP_NUM_THREADS": str(a.threads)})
         try:
             srv.wait_ready()
@@ -603,12 +658,15 @@ def main(argv=None) -> int:
         if r["config"] != "nospec" and base:
             r["round_vs_nospec"] = [round(x, 3) for x in round_ratios(r["round_tok_per_s"], base)]
     order = {n: i for i, n in enumerate(a.configs)}
-    results.sort(key=lambda r: (r["workload"] != "mixed", order[r["config"]], r["concurrency"]))
+    worder = {w: i for i, (w, _, _) in enumerate(workloads)}
+    results.sort(key=lambda r: (worder[r["workload"]], order[r["config"]], r["concurrency"]))
     bar.close()
     meta = {"command": " ".join(["python", "scripts/bench_serving.py", *(argv if argv is not None else sys.argv[1:])]),
             "model": model, "head": head, "drafter": drafter, "dtype": dtype, "max_tokens": a.max_tokens,
             "dflash_head": dflash_head, "dflash_blocks": sorted({dflash_block(c) for c in dflash_names}),
-            "requests_per_level": a.requests, "rounds": a.rounds, "prefix_tokens": a.prefix_tokens, "threads": a.threads,
+            "requests_per_level": a.requests, "workloads": (
+                "held-out sets of ../shared/data, one workload each: " + ", ".join(a.sets) if a.sets
+                else "GSM8K + MT-Bench chat prompts"), "rounds": a.rounds, "prefix_tokens": a.prefix_tokens, "threads": a.threads,
             "burst_s": a.burst, "max_foreign_cpu": a.max_foreign_cpu, "retries": a.retries, "busy_at_start": busy,
             "machine": f"{cpu_model()} ({bf16_isa()}), {platform.machine()}, {os.cpu_count()} cores",
             "sglang": _version("sglang"), "torch": _version("torch"), "date": time.strftime("%Y-%m-%d %H:%M")}

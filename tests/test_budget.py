@@ -1,6 +1,7 @@
 import json
 import math
 import random
+import statistics
 
 import pytest
 import torch
@@ -231,7 +232,8 @@ def test_a_wrong_optimistic_prior_is_unlearnt(allow_zero):
     assert auto <= 1.05 * fixed, (auto, fixed)
     _, ctl = simulate(AdaptiveBudget(max_budget=16, allow_zero=allow_zero), real, 0.010, 0.35, tokens=400,
                       plain=plain_s)
-    assert ctl.choose() <= 1
+    ctl.choose()  # the decision (choose() itself may return a round of exploration)
+    assert ctl.current <= 1
 
 
 def test_plain_decoding_wins_a_tie_with_a_tree():
@@ -432,3 +434,78 @@ def test_late_feedback_settles_each_choice_in_order():
     assert ctl.regret == pytest.approx(0.3)
     ctl.observe([0], 4, 1, verify_s=0.5)  # not an exploration round: nothing booked
     assert ctl.regret == pytest.approx(0.3) and not ctl._pending
+
+
+EPYC_ROUND_S = {1: 0.043, 2: 0.050, 4: 0.052, 8: 0.056, 16: 0.066, 32: 0.086}  # bf16 SmolLM2 server, batch 1
+
+
+def _epyc_path(b: int, rng: random.Random) -> list[int]:
+    """The shipped head's acceptance on the server (tau 2.6 at 8 nodes, 2.9 at 16, 3.2 at 32): the i-th accepted
+    depth needs about 2**i nodes of a best-first tree."""
+    path = [0]
+    for idx, p in zip((1, 2, 5, 11, 23, 47), (0.78, 0.72, 0.62, 0.55, 0.5, 0.45)):
+        if not (idx < b and rng.random() < p):
+            break
+        path.append(idx)
+    return path
+
+
+def _run_server(policy, seed: int, batch: int, slow: float, tokens: int = 1024) -> float:
+    """Output tokens per second of a server at `batch` on the EPYC's costs, the machine running `slow` times slower
+    in every other stretch of 120 rounds (another tenant, a frequency change): every phase slows alike."""
+    rng, clock, done, t = random.Random(seed), 0.0, 0, 0
+    ctl = policy() if callable(policy) else None
+    while done < tokens:
+        b = ctl.choose(batch) if ctl else policy
+        s = (slow if (t // 120) % 2 == 0 else 1.0) * (1 + 0.1 * rng.random())
+        v, d = interp_cost(EPYC_ROUND_S, max(1, b * batch)) * s, (0.006 if b > 1 else 0.0) * s
+        paths = [_epyc_path(b, rng) if b >= 2 else [0] for _ in range(batch)]
+        clock, done, t = clock + v + d, done + len(paths[0]), t + 1
+        if ctl:
+            ctl.observe_batch(paths, b, verify_s=v, draft_s=d)
+    return done * batch / clock
+
+
+@pytest.mark.parametrize("batch,slow", [(1, 1.0), (1, 1.75), (4, 1.75)])
+def test_the_cpu_default_finds_the_best_tree_in_every_run(batch, slow):
+    """The server's CPU default (auto up to 32 nodes, config.DEFAULT_BUDGET) on the EPYC's measured costs: every
+    run (seed) is within 7% of the best fixed budget, and identical runs differ by at most 10% (max / min), also
+    when the machine's speed changes 1.75x back and forth while costs are being learnt."""
+    fixed = {b: statistics.mean(_run_server(b, s, batch, slow) for s in range(6)) for b in (0, 4, 8, 16, 32)}
+    runs = [_run_server(lambda: AdaptiveBudget(max_budget=32, allow_zero=True), s, batch, slow) for s in range(6)]
+    best = max(fixed.values())
+    assert min(runs) >= 0.93 * best, ([round(r / best, 3) for r in runs], fixed)
+    assert max(runs) / min(runs) <= 1.10, runs
+    assert statistics.mean(runs) >= 0.96 * best, ([round(r / best, 3) for r in runs], fixed)
+
+
+def test_a_cost_learnt_in_a_slow_spell_does_not_keep_auto_off_the_best_tree():
+    """On a server, trees of 8+ nodes ran during a spell of load elsewhere (1.6x for the first 120 rounds), then the
+    machine was calm. Their costs stayed 1.5x too high: auto moved to 4 nodes (2 in the real run: MATH-500 at
+    concurrency 1 in bench/results/sglang_budget_sweep.md) and never measured 8 again, 0.91x the best fixed budget
+    after the spell. A stale larger tree that could win is measured again, and a lower cost replaces a stale one."""
+    real = {1: 0.040, 2: 0.044, 4: 0.046, 8: 0.050, 16: 0.058, 32: 0.078}
+    depth_p = (0.8, 0.75, 0.7, 0.6, 0.5, 0.4)
+
+    def run(policy, seed, spell=120, tokens=800):
+        rng, t, clock, done = random.Random(seed), 0, 0.0, 0
+        ctl = policy() if callable(policy) else None
+        while done < tokens:
+            b = ctl.choose(1) if ctl else policy
+            s = (1.6 if t < spell and b >= 8 else 1.0) * (1 + 0.1 * rng.random())
+            v, d = interp_cost(real, max(1, b)) * s, (0.005 if b > 1 else 0.0) * s
+            path = [0]
+            for idx, p in zip((1, 2, 5, 11, 23, 47), depth_p):
+                if not (idx < b and rng.random() < p):
+                    break
+                path.append(idx)
+            if t >= spell:  # tokens per second after the spell
+                clock, done = clock + v + d, done + len(path)
+            t += 1
+            if ctl:
+                ctl.observe(path, b, 1, verify_s=v, draft_s=d)
+        return done / clock
+
+    fixed = {b: statistics.mean(run(b, s) for s in range(8)) for b in (0, 2, 4, 8, 16)}
+    auto = statistics.mean(run(lambda: AdaptiveBudget(max_budget=32, allow_zero=True), s) for s in range(8))
+    assert auto >= 0.95 * max(fixed.values()), (auto / max(fixed.values()), fixed)

@@ -35,6 +35,9 @@ The best budget maximises tokens per second: batch * tau(b) / (t_draft(b) + t_ve
 - Likewise the next smaller tree: its tau is known from the paired gains, but while a larger tree runs, its cost comes
   only from the prior rescaled to the larger tree's. One round at it is run (under the ledger) whenever its bucket has
   no measurement younger than PROBE_EVERY rounds, so a prior wrong in shape cannot keep auto on too large a tree.
+- And the next larger tree, when its cost is STALE_COST rounds old and it would win at the best budget's round cost:
+  its cost may be what a slow spell left. A measurement after PROBE_EVERY rounds without one replaces a higher
+  estimate outright (load only adds time).
 """
 from __future__ import annotations
 
@@ -56,6 +59,7 @@ EMA = 0.2  # weight of a new round in a measured cost
 SPIKE = 1.25  # a round counts as at most this many times the current estimate (see _learn)
 WARM_SAMPLES = 3  # a cost's first measurements: the fastest counts, and it is measured again soon (see _learn)
 BURST = 3.0  # a probe taken during a burst of load elsewhere may have run this many times slower (see _plain_stale)
+STALE_COST = 2 * PROBE_EVERY  # rounds after which a larger tree's cost may be a slow spell's (_stale_above)
 
 
 def _bucket(n_tokens: int) -> int:
@@ -132,6 +136,7 @@ class AdaptiveBudget:
         self.verify_at: dict[tuple[int, int], int] = {}  # the same keys -> round of its last measurement
         self.draft_s: dict[tuple[int, int], float] = {}  # (rung, bucket of batch) -> decayed mean seconds of a draft
         self.samples: dict[tuple[str, object], int] = {}  # (table name, key) -> measurements taken
+        self._learnt_at: dict[tuple[str, object], int] = {}  # (table name, key) -> round of its last measurement
         self.t = 0  # rounds observed
         self.tree_at = 0  # the last round that verified a tree of 2 or more nodes
         self.current: int | None = None
@@ -168,12 +173,14 @@ class AdaptiveBudget:
         table.update(measured)
         return interp_cost(table, n_tokens)
 
+    def _near(self, batch: int) -> int | None:
+        """The batch-size bucket measured nearest to batch's."""
+        sizes = {k[0] for k in self.verify_s}
+        return min(sizes, key=lambda s: (abs(math.log2(s) - math.log2(_bucket(batch))), s)) if sizes else None
+
     def _measured(self, batch: int) -> dict[int, float]:
         """Verify seconds per bucket of tokens measured at batch's size bucket, or at the nearest one measured."""
-        sizes = {k[0] for k in self.verify_s}
-        if not sizes:
-            return {}
-        near = min(sizes, key=lambda s: (abs(math.log2(s) - math.log2(_bucket(batch))), s))
+        near = self._near(batch)
         return {tokens: v for (s, tokens), v in self.verify_s.items() if s == near}
 
     def _prior_scale(self, measured: dict[int, float]) -> float:
@@ -203,6 +210,20 @@ class AdaptiveBudget:
         measured = self._measured(batch)
         below = [k for k in measured if k <= _bucket(n_tokens)]
         return measured[max(below)] if below else self.cost(n_tokens, batch)
+
+    def _stale_above(self, best: int, batch: int) -> int | None:
+        """The next larger tree when its cost was last measured STALE_COST rounds ago or more and, priced at no more
+        than the best budget's round, it would beat the best: that cost may be what a slow spell left (a server
+        that sat through load on trees of 8 nodes kept their cost 1.5x too high and decoded the rest of a run at 2:
+        bench/results/sglang_budget_sweep.md, MATH-500 at concurrency 1). One round measures it again, and _learn
+        takes the new cost if it is lower."""
+        above = self._next_rung(best)
+        if best < 2 or above is None or self.tau(above) is None:
+            return None
+        if not self._stale(self.verify_at.get((self._near(batch), _bucket(batch * above))), True, STALE_COST):
+            return None
+        optimistic = batch * self.tau(above) / (self.draft_cost(above, batch) + self.cost(batch * best, batch))
+        return above if optimistic > (1 + self.hysteresis) * self.rate(best, batch) else None
 
     def round_cost(self, b: int, batch: int, optimistic: bool = False) -> float:
         if b == 0:
@@ -261,6 +282,9 @@ class AdaptiveBudget:
         below = self._prev_rung(best)  # its tau is known (paired gains), its cost only from the prior
         if below is not None and below >= 2 and self._tree_stale(below, batch) and self._can_afford(below, best, batch):
             return self._explore(below, best, batch)
+        above = self._stale_above(best, batch)
+        if above is not None and self._can_afford(above, best, batch):
+            return self._explore(above, best, batch)
         bar = (1 + self.hysteresis) * self.rate(best, batch)
         top = self._largest_observed()
         # only larger trees teach something new; never more than one doubling past what has been seen (before any
@@ -380,11 +404,17 @@ class AdaptiveBudget:
         - after them, an exponential mean in which a round counts as at most SPIKE times the current estimate. One
           slow round (another process on a shared CPU, a GC pause) then moves the estimate by at most 5%, where it
           could make the best budget look 40% dearer and be abandoned, its inflated cost never measured again while
-          another budget runs. A real rise is still learnt, 5% a round; a fall moves it by EMA of the difference."""
+          another budget runs. A real rise is still learnt, 5% a round; a fall moves it by EMA of the difference,
+        - except the first measurement after PROBE_EVERY rounds without one: if the machine now runs it faster, that
+          is its cost (load only adds time). A cost learnt during a slow spell and left since would otherwise need
+          a dozen probes to unlearn, and keep auto off the budget meanwhile."""
         table, n = getattr(self, name), self.samples.get((name, key), 0)
         self.samples[(name, key)] = n + 1
-        old = table.get(key)
-        if old is None or n < WARM_SAMPLES:
+        old, seen = table.get(key), self._learnt_at.get((name, key))
+        self._learnt_at[(name, key)] = self.t
+        if old is not None and seconds < old and seen is not None and self.t - seen >= PROBE_EVERY:
+            table[key] = seconds  # a stale cost that the machine now beats: the spell it was learnt in is over
+        elif old is None or n < WARM_SAMPLES:
             table[key] = seconds if old is None else min(old, seconds)
         else:
             table[key] = (1 - EMA) * old + EMA * min(seconds, SPIKE * old)

@@ -6,7 +6,8 @@ is the target's argmax at its parent (core.verify.greedy_accept_batch, the engin
 as point-mass proposals (a child x is accepted with the residual target probability p(x); on rejection p(x) is
 zeroed and p renormalised; if no child is accepted the bonus is drawn from the residual), so every emitted token
 follows the target's processed distribution exactly. Padding nodes are never children of anything here.
-No host synchronisation: loops run over the static depth and width only.
+No host synchronisation: loops run over the static depth and width only, and draws are exponential races (race),
+not torch.multinomial.
 """
 from __future__ import annotations
 
@@ -17,6 +18,15 @@ from jetflow_sglang.core.verify import greedy_accept_batch
 
 def _valid(sizes: torch.Tensor, n: int) -> torch.Tensor:
     return torch.arange(n, device=sizes.device)[None] < sizes[:, None]
+
+
+def race(p: torch.Tensor, generator=None) -> torch.Tensor:
+    """One draw per row of p [b, V] (non-negative, any scale) without torch.multinomial, whose kernel reads a count
+    back to the host: with E_i ~ Exp(1) independent, the smallest E_i / p_i is index i with probability
+    p_i / sum(p) (the minimum of independent exponentials with rates p_i). One argmax on the device."""
+    e = torch.empty(p.shape, dtype=torch.float64, device=p.device).exponential_(generator=generator)
+    p = p.double()
+    return torch.where(p > 0, p / e, torch.full_like(p, -1.0)).argmax(-1)
 
 
 def sample_path(tokens, parents, sizes, probs, max_depth: int, width: int, generator=None):
@@ -49,15 +59,14 @@ def sample_path(tokens, parents, sizes, probs, max_depth: int, width: int, gener
             zeroed = zeroed / zeroed.sum(-1, keepdim=True).clamp(min=1e-300)
             p = torch.where(rej, zeroed, p)
         stop = ~done & (chosen < 0)
-        draw = torch.multinomial(p.float(), 1, generator=generator)[:, 0]
+        draw = race(p, generator)
         bonus = torch.where(stop, draw, bonus)
         done = done | stop
         moved = chosen >= 0
         chosen_by_depth[:, d] = chosen
         cur = torch.where(moved, chosen, cur)
         p = torch.where(moved[:, None], probs[rows, cur].double(), p)
-    draw = torch.multinomial(p.float(), 1, generator=generator)[:, 0]
-    bonus = torch.where(done, bonus, draw)
+    bonus = torch.where(done, bonus, race(p, generator))
     return chosen_by_depth, bonus
 
 

@@ -3,7 +3,7 @@
 SGLang flags (preferred; they exist for every speculative algorithm):
     --speculative-num-draft-tokens N   budget: draft-tree nodes per request and round, root included. Given alone
                                        it FIXES the budget at N; without it the budget is adaptive (`auto`, up to
-                                       8). It is also the number of KV slots SGLang reserves per request and step.
+                                       32 on a CPU, 64 on a GPU: DEFAULT_BUDGET). It is also the number of KV slots SGLang reserves per request and step.
     --speculative-eagle-topk K         width: children considered per tree node (default 8)
     --speculative-num-steps D          depth: maximum tree depth (default: the head's block size - 1)
     --speculative-draft-model-path P   the draft head folder (a head drafter is used when it is given)
@@ -54,7 +54,17 @@ ALGORITHM = "JETFLOW"  # --speculative-algorithm JETFLOW (any case)
 def is_jetflow(name) -> bool:
     return isinstance(name, str) and name.upper() == ALGORITHM
 
-DEFAULT_BUDGET = 8  # the server's budget (auto's maximum) without --speculative-num-draft-tokens
+# auto's maximum without --speculative-num-draft-tokens, by device. A CPU's verify cost grows with the tree: 16-32
+# nodes pay at batch 1 and auto steps down under load (bench/results/sglang_budget*). A GPU verifies 256 nodes for
+# about the cost of one (bench/results/h200), but SGLang reserves 2 x budget KV slots per running request each step:
+# 64 (the paper's smallest budget) keeps that reservation at 128 slots per request.
+DEFAULT_BUDGET = {"cpu": 32, "accelerator": 64}
+
+
+def default_budget(device) -> int:
+    """auto's maximum on `device` (SGLang's --device; None: SGLang picks an accelerator)."""
+    return DEFAULT_BUDGET["cpu" if str(device or "").strip().lower() == "cpu" else "accelerator"]
+
 ENV_VARS = ("JETFLOW_DRAFTER", "JETFLOW_BUDGET", "JETFLOW_TREE", "JETFLOW_COST_PRIOR", "JETFLOW_LOOKUP", "JETFLOW_OVERLAP",
             "JETFLOW_COUNT_SYNCS")
 SWITCH_VALUES = {"auto": None, "on": True, "1": True, "true": True, "off": False, "0": False, "false": False}
@@ -117,7 +127,8 @@ class JetFlowServerConfig:
                                      "trees for the whole batch on the device; the paper's eager builder is "
                                      "CLI-only (jetflow generate --tree paper)")
 
-        budget, adaptive = _budget(raw.get("speculative_num_draft_tokens"), env.get("JETFLOW_BUDGET"))
+        budget, adaptive = _budget(raw.get("speculative_num_draft_tokens"), env.get("JETFLOW_BUDGET"),
+                                   default_budget(raw.get("device")))
         width = _flag_int("width", raw.get("speculative_eagle_topk"), DEFAULT_WIDTH)
         depth = _flag_int("depth", raw.get("speculative_num_steps"), None)
         cost_prior = _cost_prior(env.get("JETFLOW_COST_PRIOR"), adaptive)
@@ -249,14 +260,15 @@ def _flag_int(key: str, value, default):
     return v
 
 
-def _budget(flag, env_value) -> tuple[int, bool]:
-    """(budget, adaptive) from --speculative-num-draft-tokens and JETFLOW_BUDGET (see the module docstring)."""
+def _budget(flag, env_value, default: int) -> tuple[int, bool]:
+    """(budget, adaptive) from --speculative-num-draft-tokens and JETFLOW_BUDGET (see the module docstring); default:
+    auto's maximum when the flag is not given."""
     from_flag = _flag_int("budget", flag, None)
     mode = (env_value or "").strip().lower()
     if mode == "":  # no JETFLOW_BUDGET: the flag fixes the budget; without the flag it is auto (the CLI's default)
-        return (from_flag, False) if from_flag is not None else (DEFAULT_BUDGET, True)
+        return (from_flag, False) if from_flag is not None else (default, True)
     if mode == "auto":
-        return (from_flag or DEFAULT_BUDGET), True
+        return (from_flag or default), True
     try:
         n = int(mode)
     except ValueError:

@@ -1,12 +1,22 @@
-"""Counting the points where a decode round could make the host wait for the device (JETFLOW_COUNT_SYNCS=1).
+"""What a decode round makes the host wait for, seen at the dispatch level (JETFLOW_COUNT_SYNCS=1).
 
-While a round runs, every call that reads tensor values on the host or copies host data to the device is counted
-with its call site: `Tensor.item`, `.tolist`, `.cpu`, `bool()` / `int()` / `float()` / `index()` of a tensor (truth
-tests included), and `torch.tensor` / `torch.as_tensor` from Python data (a blocking host-to-device copy on a GPU).
-On a GPU each is a synchronisation; on a CPU the same calls are counted, so CI checks the structure of the round
-without a GPU. The one sanctioned read, the statistics readback of an earlier round (readback.py), reads completed
-host copies with `.numpy()` and is not counted. The counter wraps the worker's round only, not SGLang's scheduler.
-The benchmark and tests read the counts from /server_info (internal_states[i]["jetflow"]["host_syncs"]).
+While a round runs (the worker's step and SGLang's target forward inside it), a TorchDispatchMode sees every ATen op
+and flags those that read device values on the host or whose output shape depends on device data:
+  _local_scalar_dense   item(), bool(), int(), float() of a tensor, truth tests
+  nonzero, masked_select, a boolean index (index / index_put), unique, repeat_interleave without output_size,
+  multinomial           (its kernel reads a count back)
+  lift_fresh            a tensor made from Python data (a blocking host-to-device copy on a GPU); a 0-dim one,
+                        a Python scalar written into a tensor, is a fill on the device and is not flagged
+  a copy to the host    a blocking _to_copy / copy_ from another device onto the CPU
+Two host reads never reach the dispatcher when the tensors already live on the CPU, `Tensor.tolist()` and
+`Tensor.cpu()`, so they are counted at the Python level: CI checks the structure of a GPU round on a CPU. The one
+sanctioned read, the statistics readback of an earlier round (readback.py), reads completed host copies with
+`.numpy()` and is not counted.
+
+Each round also records its op sequence (names) and its shape sequence (names and output shapes), hashed: rounds of
+one (batch, budget) key that a graph could replay run the same op sequence, and the same shapes. The snapshot
+reports, per key, how many distinct sequences were seen and which ops' shapes changed. Tests and the benchmark read
+it from /server_info (internal_states[i]["jetflow"]["host_syncs"]).
 """
 from __future__ import annotations
 
@@ -15,9 +25,41 @@ from collections import Counter
 from contextlib import contextmanager
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-METHODS = ("item", "tolist", "cpu", "__bool__", "__int__", "__float__", "__index__")
-FACTORIES = ("tensor", "as_tensor")
+aten = torch.ops.aten
+ALWAYS = {aten._local_scalar_dense.default: "item", aten.nonzero.default: "nonzero",
+          aten.masked_select.default: "masked_select", aten.multinomial.default: "multinomial",
+          aten._unique2.default: "unique", aten.unique_dim.default: "unique",
+          aten.unique_consecutive.default: "unique"}
+BOOL_INDEXED = (aten.index.Tensor, aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default)
+REPEATS = (aten.repeat_interleave.Tensor, aten.repeat_interleave.self_Tensor)
+TO_HOST = (aten._to_copy.default, aten.copy_.default)
+PYTHON_LEVEL = ("tolist", "cpu")  # host reads the dispatcher cannot see on CPU tensors
+
+
+def flag(func, args, kwargs) -> str | None:
+    """The reason `func(*args, **kwargs)` makes the host wait or has a data-dependent shape, or None."""
+    if func in ALWAYS:
+        return ALWAYS[func]
+    if func is aten.lift_fresh.default:  # a Python scalar (x[:, 0] = True) is a fill on the device, not a copy
+        return "from Python data" if args[0].dim() > 0 else None
+    if func in BOOL_INDEXED:
+        idx = args[1] if len(args) > 1 else ()
+        if any(isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8) for t in idx):
+            return "boolean index"
+    elif func in REPEATS:
+        if kwargs.get("output_size") is None:
+            return "repeat_interleave without output_size"
+    elif func in TO_HOST:  # a non_blocking copy (readback.py's, behind an event) does not wait
+        if func is aten._to_copy.default:
+            src, dst, quiet = args[0], kwargs.get("device"), kwargs.get("non_blocking", False)
+        else:
+            src, dst, quiet = args[1], args[0].device, args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+        if dst is not None and torch.device(dst).type == "cpu" and isinstance(src, torch.Tensor) \
+                and src.device.type != "cpu" and not quiet:
+            return "copy to the host"
+    return None
 
 
 def _site() -> str:
@@ -35,16 +77,46 @@ def _site() -> str:
     return f"{name}:{f.f_lineno}"
 
 
+def _shapes(out) -> tuple:
+    if isinstance(out, torch.Tensor):
+        return tuple(out.shape)
+    if isinstance(out, (tuple, list)):
+        return tuple(tuple(o.shape) for o in out if isinstance(o, torch.Tensor))
+    return ()
+
+
+class _Watch(TorchDispatchMode):
+    def __init__(self, sites: Counter):
+        super().__init__()
+        self.sites, self.ops, self.shapes = sites, [], []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        why = flag(func, args, kwargs)
+        if why is not None:
+            self.sites[f"{why} {_site()}"] += 1
+        out = func(*args, **kwargs)
+        name = str(func)
+        self.ops.append(name)
+        self.shapes.append((name, _shapes(out)))
+        return out
+
+
 class SyncCounter:
     def __init__(self, keep: int = 256):
         self.keep = keep
-        self.rounds: list[dict] = []  # newest last: {"batch", "syncs", "sites", "grammar", "penalties"}
+        self.rounds: list[dict] = []  # newest last: {"batch", "budget", "syncs", "sites", "grammar", "penalties", ...}
+        self._seen: dict[tuple, dict] = {}  # (batch, budget) -> {"ops", "shapes": hashes, "first": {ops: shapes}}
+        self._budget = None
+
+    def tag(self, budget: int) -> None:
+        """The round's budget (its key with the batch size), once the worker has chosen it."""
+        self._budget = int(budget)
 
     @contextmanager
     def round(self, batch: int, grammar: bool, penalties: bool):
         sites: Counter = Counter()
-        saved = {name: getattr(torch.Tensor, name) for name in METHODS}
-        saved_f = {name: getattr(torch, name) for name in FACTORIES}
+        saved = {name: getattr(torch.Tensor, name) for name in PYTHON_LEVEL}
 
         def counted(name, fn):
             def wrapper(*args, **kwargs):
@@ -52,30 +124,35 @@ class SyncCounter:
                 return fn(*args, **kwargs)
             return wrapper
 
-        def factory(name, fn):
-            def wrapper(data, *args, **kwargs):
-                if not isinstance(data, torch.Tensor):
-                    sites[f"torch.{name} {_site()}"] += 1
-                return fn(data, *args, **kwargs)
-            return wrapper
-
         for name, fn in saved.items():
             setattr(torch.Tensor, name, counted(name, fn))
-        for name, fn in saved_f.items():
-            setattr(torch, name, factory(name, fn))
+        self._budget, watch = None, _Watch(sites)
         try:
-            yield
+            with watch:
+                yield
         finally:
             for name, fn in saved.items():
                 setattr(torch.Tensor, name, fn)
-            for name, fn in saved_f.items():
-                setattr(torch, name, fn)
-            self.rounds = (self.rounds + [{"batch": batch, "syncs": sum(sites.values()), "sites": dict(sites),
-                                           "grammar": grammar, "penalties": penalties}])[-self.keep:]
+            self._record(batch, grammar, penalties, sites, watch)
+
+    def _record(self, batch, grammar, penalties, sites, watch) -> None:
+        key = (batch, self._budget)
+        ops, shapes = hash(tuple(watch.ops)), hash(tuple(watch.shapes))
+        if not (grammar or penalties):  # those rounds run extra host work by design
+            seen = self._seen.setdefault(key, {"ops": set(), "shapes": set(), "first": {}, "varying": set()})
+            seen["ops"].add(ops)
+            seen["shapes"].add(shapes)
+            first = seen["first"].setdefault(ops, watch.shapes)  # the first round of this op sequence
+            seen["varying"] |= {a[0] for a, b in zip(watch.shapes, first) if a != b}
+        self.rounds = (self.rounds + [{"batch": batch, "budget": self._budget, "syncs": sum(sites.values()),
+                                       "sites": dict(sites), "grammar": grammar, "penalties": penalties,
+                                       "ops": len(watch.ops), "op_sequence": ops}])[-self.keep:]
 
     def snapshot(self) -> dict:
         plain = [r for r in self.rounds if not (r["grammar"] or r["penalties"])]
         recent = plain[-64:]  # the steady state (the first rounds after a start read the KV pool's pointers once)
+        keys = {f"{b}x{n}": {"op_sequences": len(s["ops"]), "shape_sequences": len(s["shapes"]),
+                             "ops_with_varying_shapes": sorted(s["varying"])} for (b, n), s in self._seen.items()}
         return {"rounds": len(self.rounds), "max_plain": max((r["syncs"] for r in plain), default=None),
                 "mean_plain": round(sum(r["syncs"] for r in recent) / len(recent), 3) if recent else None,
-                "recent": self.rounds[-64:]}
+                "keys": keys, "recent": self.rounds[-64:]}

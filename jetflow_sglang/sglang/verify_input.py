@@ -67,30 +67,42 @@ def tree_links(parents: torch.Tensor, sizes: torch.Tensor):
     return fix(first), fix(sib)
 
 
-def verify_mask(anc: torch.Tensor, seq_lens: torch.Tensor, full: bool, max_len: int | None = None) -> torch.Tensor:
+def verify_mask(anc: torch.Tensor, seq_lens: torch.Tensor, full: bool, max_len: int | None = None,
+                total_len: int | None = None) -> torch.Tensor:
     """Flat bool custom mask. anc [b, n, n] ancestor-or-self rows. QLEN_ONLY: the anc blocks; FULL: per request an
-    [n, L + n] block whose first L columns are True (max_len: max(seq_lens), known on the host)."""
+    [n, L + n] block whose first L columns are True, back to back (host bounds: max_len >= max(seq_lens) and
+    total_len >= sum(seq_lens); a larger total leaves unread False at the end). Fixed shapes from the host bounds and
+    a scatter, no boolean index: nothing waits for the device."""
     if not full:
         return anc.reshape(-1)
     b, n, _ = anc.shape
+    L = seq_lens.long()
+    total_len = int(L.sum()) if total_len is None else int(total_len)  # the host bound, when the caller has one
     # a host bound below a request's length would cut its rows short, and SGLang's NGRAM input pads a short mask with
     # True (tree nodes would see non-ancestors): refuse on the device instead, without waiting for it
-    torch._assert_async(torch.all(seq_lens.long() <= int(max_len)), "verify_mask: max_len is below a sequence length")
+    torch._assert_async(torch.all(L <= int(max_len)) & (L.sum() <= total_len),
+                        "verify_mask: a host bound is below the sequence lengths")
     width = int(max_len) + n
     cols = torch.arange(width, device=anc.device)
-    L = seq_lens.long()[:, None, None]
     grid = cols[None, None].expand(b, n, width)
-    in_tree = (grid >= L) & (grid < L + n)
-    tree_vals = anc.gather(2, (grid - L).clamp(0, n - 1))
-    vals = (grid < L) | (in_tree & tree_vals)
-    keep = grid < L + n
-    return vals[keep]  # row-major: request by request, row by row, L + n columns each
+    Lc = L[:, None, None]
+    in_tree = (grid >= Lc) & (grid < Lc + n)
+    tree_vals = anc.gather(2, (grid - Lc).clamp(0, n - 1))
+    vals = (grid < Lc) | (in_tree & tree_vals)
+    row = (L + n)[:, None, None]  # each request's row length
+    start = n * (torch.cumsum(L + n, 0) - (L + n))  # where each request's block starts
+    flat = start[:, None, None] + torch.arange(n, device=anc.device)[None, :, None] * row + grid
+    size = n * (total_len + b * n)
+    flat = torch.where(grid < row, flat, torch.full_like(flat, size))  # past a row's end: the dump slot
+    out = torch.zeros(size + 1, dtype=torch.bool, device=anc.device)
+    return out.scatter_(0, flat.reshape(-1), vals.reshape(-1))[:size]
 
 
-def verify_tensors(tokens, parents, depths, sizes, anc, seq_lens, full: bool, max_len: int | None = None):
+def verify_tensors(tokens, parents, depths, sizes, anc, seq_lens, full: bool, max_len: int | None = None,
+                   total_len: int | None = None):
     """(draft_token [b*n], custom_mask, positions [b*n], retrieve_index/next_token/next_sibling [b, n])."""
     b, n = tokens.shape
     positions = (seq_lens.long()[:, None] + depths.long()).reshape(-1)
     first, sib = tree_links(parents, sizes)
     retrieve_index = torch.arange(b * n, device=tokens.device).view(b, n)
-    return (tokens.reshape(-1), verify_mask(anc, seq_lens, full, max_len), positions, retrieve_index, first, sib)
+    return (tokens.reshape(-1), verify_mask(anc, seq_lens, full, max_len, total_len), positions, retrieve_index, first, sib)

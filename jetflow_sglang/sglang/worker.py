@@ -268,9 +268,11 @@ class JetFlowWorker(BaseSpecWorker):
         self.readback.mark()  # start
         bs = len(batch.reqs)
         budget = broadcast_object_from_rank0(self.adaptive.choose(bs)) if self.adaptive else self.n
-        batch.max_seq_len_host = self._host_max_len(batch)
+        batch.max_seq_len_host = max(self._host_lens(batch), default=0)
         budget = min(budget, self._reserved(batch), self._room(batch.max_seq_len_host))
         tree = self._draft(batch, budget)  # marks the end of the head forward
+        if self.syncs is not None:
+            self.syncs.tag(tree.tokens.shape[1])  # the round's key: batch x tree width
         broadcast_from_rank0([tree.tokens, tree.parents, tree.depths, tree.sizes])  # TP ranks verify one tree
         self.readback.mark()  # tree built
         out, res = self._verify(batch, tree)
@@ -321,12 +323,12 @@ class JetFlowWorker(BaseSpecWorker):
                         "has room again", k)
             self._reserve_k = k
 
-    def _host_max_len(self, batch) -> int:
-        """A host bound on the batch's committed lengths, from SGLang's KV bookkeeping (no device read): exact when
+    def _host_lens(self, batch) -> list[int]:
+        """Host bounds on each request's committed length, from SGLang's KV bookkeeping (no device read): exact when
         synchronous; on the overlap scheduler each request may hold up to the round in flight beyond what the host
         has committed, and never more than its allocation."""
         lag = self._lag if self.overlap else 0
-        return max((min(r.kv.kv_allocated_len, r.kv.kv_committed_len + lag) for r in batch.reqs), default=0)
+        return [min(r.kv.kv_allocated_len, r.kv.kv_committed_len + lag) for r in batch.reqs]
 
     def _room(self, max_len: int) -> int:
         """The most tree nodes whose positions stay below the context length: a node at depth d sits at position
@@ -405,10 +407,10 @@ class JetFlowWorker(BaseSpecWorker):
     @torch.no_grad()
     def _verify(self, batch, tree: TreeBatch):
         bs, n = tree.tokens.shape
-        max_len = batch.max_seq_len_host if self.full_mask else None
+        max_len, total = (batch.max_seq_len_host, sum(self._host_lens(batch))) if self.full_mask else (None, None)
         tokens, mask, positions, r_index, r_next, r_sib = verify_tensors(
             tree.tokens, tree.parents, tree.depths, tree.sizes, tree.ancestor_mask(), batch.seq_lens, self.full_mask,
-            max_len)
+            max_len, total)
         batch.forward_mode = ForwardMode.TARGET_VERIFY
         batch.input_ids = tokens
         batch.out_cache_loc = assign_extend_cache_locs_func(

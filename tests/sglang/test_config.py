@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from jetflow_sglang.sglang.config import DEFAULT_BUDGET, DEFAULT_WIDTH, JetFlowConfigError, JetFlowServerConfig
+from jetflow_sglang.sglang.config import DEFAULT_BUDGET, DEFAULT_WIDTH, default_budget, JetFlowConfigError, JetFlowServerConfig
 
 HEADS = {}
 
@@ -23,10 +23,13 @@ def heads(tmp_path_factory):
     yield HEADS
 
 
-def args(head="causal", n=None, topk=None, steps=None):
+GPU_DEFAULT = default_budget(None)  # no --device: SGLang picks an accelerator
+
+
+def args(head="causal", n=None, topk=None, steps=None, device=None):
     head = HEADS.get(head, head)
     return SimpleNamespace(speculative_draft_model_path=head, speculative_num_draft_tokens=n,
-                           speculative_eagle_topk=topk, speculative_num_steps=steps)
+                           speculative_eagle_topk=topk, speculative_num_steps=steps, device=device)
 
 
 def cfg(env=None, **kw):
@@ -36,7 +39,7 @@ def cfg(env=None, **kw):
 def test_defaults_with_and_without_a_head():
     c = cfg()
     assert (c.drafter, c.budget, c.adaptive, c.width, c.depth, c.tree) == \
-        ("jetflow", DEFAULT_BUDGET, True, DEFAULT_WIDTH, None, "exact")  # auto, as `jetflow generate`
+        ("jetflow", GPU_DEFAULT, True, DEFAULT_WIDTH, None, "exact")  # auto, as `jetflow generate`
     assert c.head_dir == HEADS["causal"] and c.needs_head
     c = cfg(head=None)
     assert c.drafter == "ngram" and not c.needs_head and c.head_dir is None
@@ -49,20 +52,32 @@ def test_sglang_flags_map_to_budget_width_depth():
 
 
 @pytest.mark.parametrize("env_budget,flag,want", [
-    ("auto", None, (DEFAULT_BUDGET, True)),
+    ("auto", None, (GPU_DEFAULT, True)),
     ("auto", 12, (12, True)),
     ("AUTO ", 5, (5, True)),
     ("16", None, (16, False)),
     ("16", 16, (16, False)),
     (None, 16, (16, False)),
     ("", 7, (7, False)),
-    (None, None, (DEFAULT_BUDGET, True)),  # nothing given: auto up to the default budget
-    ("", None, (DEFAULT_BUDGET, True)),
+    (None, None, (GPU_DEFAULT, True)),  # nothing given: auto up to the default budget
+    ("", None, (GPU_DEFAULT, True)),
 ])
 def test_budget_combinations(env_budget, flag, want):
     env = {} if env_budget is None else {"JETFLOW_BUDGET": env_budget}
     c = cfg(env, n=flag)
     assert (c.budget, c.adaptive) == want
+
+
+def test_the_default_budget_follows_the_device():
+    """auto's maximum: 32 on a CPU (16-32 node trees pay at batch 1 there), 64 on an accelerator; a flag or
+    JETFLOW_BUDGET=N still fixes it, and JETFLOW_BUDGET=auto with the flag still caps auto."""
+    assert (DEFAULT_BUDGET["cpu"], DEFAULT_BUDGET["accelerator"]) == (32, 64)
+    for device, want in (("cpu", 32), ("CPU", 32), ("cuda", 64), (None, 64)):
+        c = JetFlowServerConfig.from_server_args(args(device=device), env={})
+        assert (c.budget, c.adaptive) == (want, True), device
+    assert (cfg(n=16, device="cpu").budget, cfg(n=16, device="cpu").adaptive) == (16, False)
+    c = cfg({"JETFLOW_BUDGET": "auto"}, n=16, device="cpu")
+    assert (c.budget, c.adaptive) == (16, True)
 
 
 def test_drafter_defaults_to_the_head_kind():
@@ -145,7 +160,7 @@ def test_config_is_frozen_and_describes_itself():
     c = cfg()
     with pytest.raises(Exception):
         c.budget = 3
-    assert "budget=auto, up to 8" in c.describe() and "width=8" in c.describe()
+    assert "budget=auto, up to 64" in c.describe() and "width=8" in c.describe()
     assert "budget=fixed 8" in cfg(n=8).describe()
 
 
@@ -159,7 +174,7 @@ def test_drafter_names_match_the_core():
 
 # -- through SGLang's own record and resolution recorder (what the launcher and the schedulers see) ---------------
 @pytest.mark.parametrize("env,flag,want", [({"JETFLOW_BUDGET": "16"}, None, (16, False)),
-                                           ({"JETFLOW_BUDGET": "auto"}, None, (8, True)),
+                                           ({"JETFLOW_BUDGET": "auto"}, None, (32, True)),  # a CPU record
                                            ({"JETFLOW_BUDGET": "auto"}, 12, (12, True)),
                                            ({"JETFLOW_BUDGET": "16"}, 16, (16, False))])
 def test_plugin_declares_the_budget_on_sglang_record(env, flag, want, monkeypatch):

@@ -69,6 +69,7 @@ def test_a_gpu_launch_resolves_to_what_the_worker_supports(sm, case, models, mon
     from sglang.srt.server_args import ServerArgs
 
     from jetflow_sglang.sglang.attention.guard import full_mask, verify_backend
+    from jetflow_sglang.sglang.config import DEFAULT_BUDGET
 
     load_plugins()
     _fake_gpu(monkeypatch, sm)
@@ -85,6 +86,6 @@ def test_a_gpu_launch_resolves_to_what_the_worker_supports(sm, case, models, mon
     assert full_mask(verify_backend(view)) is want_full
     assert view.page_size == extra.get("page_size", 1)
     assert view.disable_overlap_schedule is bool(extra.get("disable_overlap_schedule", False))  # overlap off the CPU
-    assert view.speculative_num_draft_tokens == 8 and view.speculative_eagle_topk == 1
+    assert view.speculative_num_draft_tokens == DEFAULT_BUDGET["accelerator"] and view.speculative_eagle_topk == 1
     if "tp_size" in extra:
         assert view.tp_size == 2

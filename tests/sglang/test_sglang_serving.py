@@ -181,9 +181,14 @@ def test_verify_mask_and_links_on_device():
     ref = torch.cat([torch.cat([torch.ones(n, int(L), dtype=torch.bool), anc[i]], 1).flatten()
                      for i, L in enumerate(lens)])
     assert torch.equal(full, ref)
+    assert torch.equal(verify_mask(anc, lens, True, 7, 11), ref)  # bounds above the lengths change nothing...
+    loose = verify_mask(anc, lens, True, 7, 14)  # ... but a larger total (the overlap scheduler's bound) leaves
+    assert torch.equal(loose[:ref.numel()], ref) and not loose[ref.numel():].any()  # unread False at the end
+    assert loose.numel() == n * (14 + 5 * n)  # what SGLang's backend sizes from its host sum
     assert torch.equal(verify_mask(anc, lens, False), anc.reshape(-1))
-    with pytest.raises(RuntimeError, match="max_len is below"):  # a short bound is refused, never padded
-        verify_mask(anc, lens, True, 4)
+    for short in ((4, 11), (5, 10)):  # a short bound (the longest, or the sum) is refused, never padded
+        with pytest.raises(RuntimeError, match="host bound is below"):
+            verify_mask(anc, lens, True, *short)
 
 
 # -- sampled traffic on one-node rounds (the OpenAI routes default to temperature 1.0) -------------------------------

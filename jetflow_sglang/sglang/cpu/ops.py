@@ -62,10 +62,15 @@ def assign_draft_cache_locs_contiguous_cpu(req_pool_indices, req_to_token, seq_l
 
 
 def fill_accept_out_cache_loc_cpu(accept_index, out_cache_loc, accept_out_cache_loc):
-    """Compact: the k-th non-negative entry of accept_index (row-major) picks out_cache_loc into slot k."""
+    """Compact: the k-th non-negative entry of accept_index (row-major) picks out_cache_loc into slot k; later slots
+    keep their values. A scatter (the others go to a spare slot), not a boolean index: no host wait, as on a GPU."""
     flat = accept_index.reshape(-1)
-    src = flat[flat >= 0].long()
-    accept_out_cache_loc[: src.numel()] = out_cache_loc[src].to(accept_out_cache_loc.dtype)
+    keep = flat >= 0
+    n = accept_out_cache_loc.numel()
+    dest = torch.where(keep, keep.long().cumsum(0) - 1, torch.full_like(flat, n, dtype=torch.long))
+    vals = out_cache_loc[flat.clamp(min=0).long()].to(accept_out_cache_loc.dtype)
+    out = torch.cat([accept_out_cache_loc, accept_out_cache_loc.new_zeros(1)]).scatter_(0, dest, vals)
+    accept_out_cache_loc.copy_(out[:n])
 
 
 def fill_bonus_tokens_cpu(accept_tokens, accept_lens, bonus_tokens, accept_stride):
