@@ -268,14 +268,15 @@ class JetFlowWorker(BaseSpecWorker):
         self.readback.mark()  # start
         bs = len(batch.reqs)
         budget = broadcast_object_from_rank0(self.adaptive.choose(bs)) if self.adaptive else self.n
-        batch.max_seq_len_host = max(self._host_lens(batch), default=0)
+        lens = self._host_lens(batch)
+        batch.max_seq_len_host = max(lens, default=0)
         budget = min(budget, self._reserved(batch), self._room(batch.max_seq_len_host))
         tree = self._draft(batch, budget)  # marks the end of the head forward
         if self.syncs is not None:
             self.syncs.tag(tree.tokens.shape[1])  # the round's key: batch x tree width
         broadcast_from_rank0([tree.tokens, tree.parents, tree.depths, tree.sizes])  # TP ranks verify one tree
         self.readback.mark()  # tree built
-        out, res = self._verify(batch, tree)
+        out, res = self._verify(batch, tree, sum(lens))
         self.readback.mark()  # verified
         path, bonus = self._accept(batch, tree, out)
         broadcast_from_rank0([path, bonus])  # ... and accept one path
@@ -405,9 +406,9 @@ class JetFlowWorker(BaseSpecWorker):
 
     # -- verify: one TARGET_VERIFY forward --------------------------------------------------------------------
     @torch.no_grad()
-    def _verify(self, batch, tree: TreeBatch):
+    def _verify(self, batch, tree: TreeBatch, total_len: int):
         bs, n = tree.tokens.shape
-        max_len, total = (batch.max_seq_len_host, sum(self._host_lens(batch))) if self.full_mask else (None, None)
+        max_len, total = (batch.max_seq_len_host, total_len) if self.full_mask else (None, None)
         tokens, mask, positions, r_index, r_next, r_sib = verify_tensors(
             tree.tokens, tree.parents, tree.depths, tree.sizes, tree.ancestor_mask(), batch.seq_lens, self.full_mask,
             max_len, total)
