@@ -105,9 +105,9 @@ class _Watch(TorchDispatchMode):
 class SyncCounter:
     def __init__(self, keep: int = 256):
         self.keep = keep
-        self.rounds: list[dict] = []  # newest last: {"batch", "budget", "syncs", "sites", "grammar", "penalties", ...}
+        self.rounds: list[dict] = []  # newest last: {"n", "batch", "budget", "syncs", "sites", "grammar", "penalties", ...}
         self._seen: dict[tuple, dict] = {}  # (batch, budget) -> {"ops", "shapes": hashes, "first": {ops: shapes}}
-        self._budget = None
+        self._budget, self.count = None, 0  # count: rounds ever recorded (a round's "n" is its place in it)
 
     def tag(self, budget: int) -> None:
         """The round's budget (its key with the batch size), once the worker has chosen it."""
@@ -144,7 +144,8 @@ class SyncCounter:
             seen["shapes"].add(shapes)
             first = seen["first"].setdefault(ops, watch.shapes)  # the first round of this op sequence
             seen["varying"] |= {a[0] for a, b in zip(watch.shapes, first) if a != b}
-        self.rounds = (self.rounds + [{"batch": batch, "budget": self._budget, "syncs": sum(sites.values()),
+        self.count += 1
+        self.rounds = (self.rounds + [{"n": self.count, "batch": batch, "budget": self._budget, "syncs": sum(sites.values()),
                                        "sites": dict(sites), "grammar": grammar, "penalties": penalties,
                                        "ops": len(watch.ops), "op_sequence": ops}])[-self.keep:]
 
@@ -153,6 +154,6 @@ class SyncCounter:
         recent = plain[-64:]  # the steady state (the first rounds after a start read the KV pool's pointers once)
         keys = {f"{b}x{n}": {"op_sequences": len(s["ops"]), "shape_sequences": len(s["shapes"]),
                              "ops_with_varying_shapes": sorted(s["varying"])} for (b, n), s in self._seen.items()}
-        return {"rounds": len(self.rounds), "max_plain": max((r["syncs"] for r in plain), default=None),
+        return {"rounds": self.count, "max_plain": max((r["syncs"] for r in plain), default=None),
                 "mean_plain": round(sum(r["syncs"] for r in recent) / len(recent), 3) if recent else None,
                 "keys": keys, "recent": self.rounds[-64:]}
