@@ -10,6 +10,9 @@ or leave less than MIN_AVAILABLE memory, when the least recently used idle one i
 
 Modules whose tests change a server's state (weights, pause, flushed caches on purpose, killed processes) keep their
 own servers; servers from the pool serve requests only.
+
+Under pytest-xdist (scripts/test.sh runs two workers, whole modules each) every worker has its own pool; a start that
+would leave less than MIN_AVAILABLE memory first stops this pool's idle servers, then waits for the other worker's.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import copy
 import json
 import os
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -24,6 +28,7 @@ from tests.sglang.sgl_server import Server
 
 MAX_LIVE = int(os.environ.get("JETFLOW_TEST_MAX_SERVERS", "6"))  # a tiny server takes about 2.5 GB; SmolLM2 ~3.5 GB
 MIN_AVAILABLE = 6 << 30  # bytes: below this, idle servers stop before another starts
+MEMORY_WAIT_S = 600  # then the longest wait for memory another worker holds
 
 
 def _greedy(body: dict) -> bool:
@@ -100,8 +105,13 @@ class ServerPool:
         while len(self.live) >= self.max_live or psutil.virtual_memory().available < MIN_AVAILABLE:
             idle = [k for k, s in self.live.items() if s.users == 0]
             if not idle:
-                return  # every live server is held: start one more rather than fail
+                break
             self.live.pop(idle[0]).stop()
+        # the other pytest-xdist worker's servers take memory this pool cannot stop: wait for its module to end (it
+        # lets its own launches go), then start one more rather than fail
+        deadline = time.monotonic() + MEMORY_WAIT_S
+        while psutil.virtual_memory().available < MIN_AVAILABLE and time.monotonic() < deadline:
+            time.sleep(5)
 
     @contextmanager
     def use(self, *servers: PooledServer):
