@@ -24,7 +24,8 @@ dflash-bN: SGLang's own DFLASH with block size N on a DFlash release-layout head
 the shipped bidirectional head, where it can be exported), made to run on the CPU by
 jetflow_sglang/sglang/cpu/dflash_peer.py (JETFLOW_BENCH_DFLASH_PEER=1 in those servers' environment only).
 jetflow-bN: JETFLOW at a fixed budget N (1-512; jetflow-b1 is JETFLOW's plain step alone: the same serving stack
-without speculation, the second baseline).
+without speculation, the second baseline). nospec-treenative: plain SGLang on jetflow_tree_native, the attention
+backend of JETFLOW's CPU servers; between it and jetflow-b1 lie the worker's loop and its CPU GEMM (cpu/gemm.py).
 jetflow-dflash-bN: JETFLOW on the same head with JETFLOW_DRAFTER=dflash, lookup off and a fixed budget N: the same
 drafts, so it accepts what dflash-bN accepts (tests/sglang/test_dflash_peer.py) and the two differ in serving cost only.
 
@@ -58,7 +59,8 @@ from jetflow_sglang.machine import bf16_isa, cpu_model  # noqa: E402
 
 
 CONFIGS = ("nospec", "jetflow-b8", "jetflow-b16", "jetflow-default", "jetflow-auto", "ngram")  # the default run
-EXTRA = ("jetflow-auto-nolookup", "jetflow-b8-nolookup", "jetflow-b16-nolookup",  # JETFLOW_LOOKUP=off (the head alone)
+EXTRA = ("nospec-treenative",  # plain SGLang on JETFLOW's CPU attention backend: the backend's share of jetflow-b1
+         "jetflow-auto-nolookup", "jetflow-b8-nolookup", "jetflow-b16-nolookup",  # JETFLOW_LOOKUP=off (the head alone)
          "jetflow-default-overlap", "jetflow-b8-overlap")  # on SGLang's overlap scheduler (JETFLOW_OVERLAP=on)
 SYSTEM = ("You are a careful assistant for a school. Answer the question that follows. Explain every step of your "
           "reasoning in plain words, check each number twice, keep units consistent, and end with a short summary "
@@ -149,6 +151,8 @@ def config_args(name: str, head: str | None, drafter: str, dflash_head: str | No
         name, env = name.removesuffix("-nolookup"), {**env, "JETFLOW_LOOKUP": "off"}
     if name == "nospec":
         return [], {}
+    if name == "nospec-treenative":  # no speculation, the attention backend JETFLOW's CPU servers verify with
+        return ["--attention-backend", "jetflow_tree_native"], {}
     if name == "ngram":  # SGLang's own algorithm; on CPU it verifies through JetFlow's tree backend
         return ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8",
                 "--attention-backend", "jetflow_tree_native"], {}

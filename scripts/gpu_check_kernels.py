@@ -259,6 +259,75 @@ def aot_report():
         return [dict(error=f"{type(e).__name__}: {e}")]
 
 
+class _Pool:
+    """The head pool's per-layer buffers alone (HeadKVPool without a head): one layer, [slots, Hkv, D]."""
+
+    def __init__(self, slots, hkv, d, dtype, device, g):
+        self.k = [torch.randn(slots, hkv, d, generator=g, device=device).to(dtype)]
+        self.v = [torch.randn(slots, hkv, d, generator=g, device=device).to(dtype)]
+
+    def gather(self, slots):
+        from jetflow_sglang.sglang.head_pool import HeadKVPool
+
+        return HeadKVPool.gather(self, slots)
+
+
+def head_context(shapes, hq, hkv, d, dtype, device, gpu, block=16):
+    """The server head's context read paged (sglang/head_pool.PagedLayer: the Triton kernel over the pool, the
+    block's rows written to the reserved slots) against padded (the rows gathered, concatenated with the block's, one
+    SDPA): the same output, and what each costs per layer; on a GPU also the paged read captured in a CUDA graph and
+    replayed after the contexts grew."""
+    import torch.nn.functional as F
+
+    from jetflow_sglang.sglang.head_pool import PagedContext
+
+    rows = []
+    for b, ctx in tqdm(shapes, desc="head context"):
+        g = torch.Generator(device=device).manual_seed(b * 7919 + ctx)
+        width = ctx + 4 * block
+        pool = _Pool(b * width + 1, hkv, d, dtype, device, g)
+        table = (torch.randperm(b * width, generator=g, device=device) + 1).view(b, width).to(torch.int32)
+        rpi = torch.arange(b, device=device)
+        lens = torch.randint(ctx // 2, ctx + 1, (b,), generator=g, device=device)
+        q = torch.randn(b, hq, block, d, generator=g, device=device).to(dtype)
+        k = torch.randn(b, hkv, block, d, generator=g, device=device).to(dtype)
+        v = torch.randn(b, hkv, block, d, generator=g, device=device).to(dtype)
+        inner = torch.ones(block, block, dtype=torch.bool, device=device).tril()[None].expand(b, -1, -1)
+        max_len = int(lens.max())
+
+        def padded():
+            (ck, cv), = pool.gather(torch.where(torch.arange(max_len, device=device)[None] < lens[:, None],
+                                                table[:, :max_len].long(), 0))
+            seen = (torch.arange(max_len, device=device)[None] < lens[:, None])[:, None].expand(-1, block, -1)
+            mask = torch.cat([seen, inner], 2)
+            return F.scaled_dot_product_attention(q, torch.cat([ck, k], 2), torch.cat([cv, v], 2),
+                                                  attn_mask=mask[:, None], enable_gqa=hq != hkv)
+
+        def paged():
+            return PagedContext(pool, table, rpi, lens, block)[0].attend(q, k, v, inner)
+
+        err = rel_err(paged(), padded().float())
+        row = dict(batch=b, ctx=ctx, block=block, rel_err=err, ok=err < TOL[dtype],
+                   paged_ms=bench(paged, gpu), padded_ms=bench(padded, gpu))
+        if gpu:  # static shapes: capture once, let every context grow by a few tokens, replay
+            paged()
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = paged()
+            lens.add_(3)
+            max_len = int(lens.max())
+            graph.replay()
+            torch.cuda.synchronize()
+            row["graph_rel_err"] = rel_err(out, padded().float())
+            row["ok"] = row["ok"] and row["graph_rel_err"] < TOL[dtype]
+        rows.append(row)
+        if gpu:
+            del pool, table
+            torch.cuda.empty_cache()
+    return rows
+
+
 def write_md(res, path):
     lines = [f"# Tree-attention kernel check: {res['gpu']}", "", f"- command: `{res['command']}`",
              f"- torch {res['torch']}, triton {res['triton']}, python {res['python']}, {res['when']}",
@@ -300,6 +369,14 @@ def write_md(res, path):
                          f"| {fmt(r.get('split_over_flash', '-'))} |")
         sg = res["split_goal"]
         lines += ["", f"Goal (split / flash <= 1.25 at prefix 4096, 64 nodes): {sg['met']} ({sg['ratio']})"]
+    if res.get("head_context"):
+        lines += ["", "## The server head's context: paged (Triton, in place) vs padded (gather + SDPA), one layer",
+                  "", "| batch | context | block | rel err | graph replay err | paged ms | padded ms |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in res["head_context"]:
+            ge = r.get("graph_rel_err")
+            lines.append(f"| {r['batch']} | {r['ctx']} | {r['block']} | {r['rel_err']:.1e} | "
+                         f"{'-' if ge is None else f'{ge:.1e}'} | {r['paged_ms']:.4f} | {r['padded_ms']:.4f} |")
     if res.get("sweep"):
         lines += ["", "## Config sweep (tree kernel, ms)", "", "| batch | N | prefix | config | ms |", "|---|---|---|---|---|"]
         for r in res["sweep"]:
@@ -327,6 +404,7 @@ def main():
                                ([256, 17, 100, 1], [0, 4000, 16000, 5])]]
         sweep_shapes = [(1, 256, 16384), (8, 64, 16384), (32, 16, 1024)]
         split_shapes = [(1, 64, 4096), (1, 64, 16384), (1, 16, 4096), (1, 256, 4096), (4, 64, 4096)]
+        head_shapes = [(b, c) for b in (1, 8, 32) for c in (1024, 4096, 16384)]
         dtype = torch.bfloat16
     else:
         torch.set_num_threads(1)
@@ -336,6 +414,7 @@ def main():
                 for ns, ps in [([40], [70]), ([16, 33, 1], [0, 100, 5])]]
         sweep_shapes = [(1, 40, 70)]
         split_shapes = [(1, 16, 300), (2, 8, 70)]
+        head_shapes = [(1, 40), (3, 70)]
         dtype = torch.float16  # bf16 tl.dot is broken in the interpreter (triton #11584)
     gpu_name = torch.cuda.get_device_name() if gpu else f"cpu-interpreter-{platform.machine()}"
     res = dict(gpu=gpu_name, command=" ".join([os.path.basename(sys.executable)] + sys.argv), dry_run=not gpu,
@@ -354,6 +433,7 @@ def main():
     worst = max((r["overhead"] for r in long), default=None)
     res["goal"] = dict(shapes=len(long), max_overhead=worst, met=None if worst is None else worst <= 0.10)
     res["split_kv"] = split_kv(split_shapes, hq, hkv, d, dtype, device, gpu)
+    res["head_context"] = head_context(head_shapes, hq, hkv, d, dtype, device, gpu)
     target = [r.get("split_over_flash") for r in res["split_kv"] if (r["batch"], r["n"], r["prefix"]) == (1, 64, 4096)]
     ratio = target[0] if target and isinstance(target[0], float) else None
     res["split_goal"] = dict(ratio=ratio, met=None if ratio is None else ratio <= 1.25)
@@ -369,7 +449,8 @@ def main():
         json.dump(res, f, indent=1)
     write_md(res, base + ".md")
     bad = [r for r in res["correctness"] + res["hf"] if not r["ok"]] + \
-        [r for r in res["split_kv"] if not r["split_vs_one_rel_err"] < TOL[dtype]] + ([res["cuda_graph"]] if gpu and not res["cuda_graph"]["ok"] else [])
+        [r for r in res["split_kv"] if not r["split_vs_one_rel_err"] < TOL[dtype]] + \
+        [r for r in res["head_context"] if not r["ok"]] + ([res["cuda_graph"]] if gpu and not res["cuda_graph"]["ok"] else [])
     print(f"wrote {base}.json and .md in {res['wall_s']:.0f} s; correctness failures: {len(bad)}; goal: {res['goal']}")
     return 1 if bad else 0
 

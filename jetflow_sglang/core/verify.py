@@ -136,3 +136,60 @@ def sample_accept(tree: DraftTree, probs: torch.Tensor, generator: torch.Generat
             return path, bonus
         path.append(chosen)
         node = chosen
+
+
+def _valid(sizes: torch.Tensor, n: int) -> torch.Tensor:
+    return torch.arange(n, device=sizes.device)[None] < sizes[:, None]
+
+
+def race(p: torch.Tensor, generator=None) -> torch.Tensor:
+    """One draw per row of p [b, V] (non-negative, any scale) without torch.multinomial, whose kernel reads a count
+    back to the host: with E_i ~ Exp(1) independent, the smallest E_i / p_i is index i with probability
+    p_i / sum(p) (the minimum of independent exponentials with rates p_i). One argmax on the device."""
+    e = torch.empty(p.shape, dtype=torch.float64, device=p.device).exponential_(generator=generator)
+    p = p.double()
+    return torch.where(p > 0, p / e, torch.full_like(p, -1.0)).argmax(-1)
+
+
+def sample_accept_batch(tokens, parents, sizes, probs, max_depth: int, width: int, generator=None):
+    """sample_accept for a padded batch of trees (TreeBatch fields), on the device and without a host sync: loops run
+    over the static depth and width (each node's first `width` children, in slot order) and draws are exponential
+    races, not torch.multinomial. Candidates are point-mass proposals. probs [b, n, V]: the target's processed
+    probabilities at every node.
+    -> (accepted child per depth [b, max_depth] (-1 after the path ends), bonus [b])."""
+    b, n, _ = probs.shape
+    dev = probs.device
+    rows = torch.arange(b, device=dev)
+    ar = torch.arange(n, device=dev)
+    valid = _valid(sizes, n)
+    valid[:, 0] = False  # the root is nobody's child
+    child_of = (parents[:, None, :] == ar[None, :, None]) & valid[:, None, :]  # [b, parent, child]
+    cur = torch.zeros(b, dtype=torch.long, device=dev)
+    done = torch.zeros(b, dtype=torch.bool, device=dev)
+    bonus = torch.zeros(b, dtype=torch.long, device=dev)
+    chosen_by_depth = torch.full((b, max_depth), -1, dtype=torch.long, device=dev)
+    p = probs[:, 0].double()
+    for d in range(max_depth):
+        kids = torch.where(child_of[rows, cur], ar[None], torch.full_like(ar, n)[None]).sort(1).values[:, :width]
+        chosen = torch.full((b,), -1, dtype=torch.long, device=dev)
+        for j in range(kids.shape[1]):
+            kid = kids[:, j]
+            live = (kid < n) & ~done & (chosen < 0)
+            x = tokens.gather(1, kid.clamp(max=n - 1)[:, None])
+            u = torch.rand(b, generator=generator, dtype=torch.float64, device=dev)
+            acc = live & (u < p.gather(1, x)[:, 0])
+            chosen = torch.where(acc, kid, chosen)
+            rej = (live & ~acc)[:, None]
+            zeroed = p.scatter(1, x, 0.0)
+            zeroed = zeroed / zeroed.sum(-1, keepdim=True).clamp(min=1e-300)
+            p = torch.where(rej, zeroed, p)
+        stop = ~done & (chosen < 0)
+        draw = race(p, generator)
+        bonus = torch.where(stop, draw, bonus)
+        done = done | stop
+        moved = chosen >= 0
+        chosen_by_depth[:, d] = chosen
+        cur = torch.where(moved, chosen, cur)
+        p = torch.where(moved[:, None], probs[rows, cur].double(), p)
+    bonus = torch.where(done, bonus, race(p, generator))
+    return chosen_by_depth, bonus

@@ -186,8 +186,16 @@ class HeadDrafter:
             state.pending.clear()
 
     # -- batched forwards ------------------------------------------------------------------------------------
-    def _ctx_mask(self, ctx_lens: torch.Tensor, rows: int, t: int) -> torch.Tensor:
-        return (torch.arange(t, device=self.device)[None] < ctx_lens[:, None])[:, None].expand(-1, rows, t)
+    def _mask(self, ctx_kv, ctx_lens: torch.Tensor, inner: torch.Tensor) -> torch.Tensor:
+        """The head's attention mask from the block's own [b, S, S]: over padded context K/V, [b, S, T + S] (row t of
+        request i visible iff t < ctx_lens[i]); a paged context (sglang/head_pool.PagedContext) applies the lengths
+        itself and takes the block's mask alone."""
+        if getattr(ctx_kv, "paged", False):
+            return inner
+        b, rows, _ = inner.shape
+        t = ctx_kv[0][0].shape[2]
+        seen = (torch.arange(t, device=self.device)[None] < ctx_lens[:, None])[:, None].expand(-1, rows, t)
+        return torch.cat([seen, inner], 2)
 
     def _logits(self, tokens, positions, mask, ctx_kv, rows: slice) -> torch.Tensor:
         """Draft logits of the slots in `rows` (the vocabulary projection runs on those rows only)."""
@@ -203,13 +211,18 @@ class HeadDrafter:
         block is the chain: block_logprobs_batch)."""
         return max(1, min(self.depth, budget - 1))
 
+    def block_rows(self, budget: int) -> int:
+        """Rows of head_batch's forward at this budget (the anchor and its MASK slots)."""
+        return 1 + (self.levels(budget) if self.head.config.causal or self.mode == "chain" else self.block)
+
     @torch.no_grad()
     def block_logprobs_batch(self, anchors, ctx_kv, ctx_lens, depth: int | None = None,
                              logits: bool = False) -> torch.Tensor:
         """One forward over [anchor, MASK x block] per request: log-probs [b, depth, V_draft] for depths 1..depth
         (logits=True: the raw logits, in the head's dtype).
 
-        ctx_kv: per head layer (k, v) [b, Hkv, T, D], padded; row t of request i is valid iff t < ctx_lens[i].
+        ctx_kv: per head layer (k, v) [b, Hkv, T, D], padded, row t of request i valid iff t < ctx_lens[i]; or a
+        paged context (sglang/head_pool.PagedContext) with room for block_rows past every request.
         depth (default self.depth): a causal head runs only [anchor, MASK x depth], cheaper for small budgets; so does
         a chain (the dflash drafter), whose block is the chain's length, as in SGLang's DFLASH and DFlash's engine
         (block = draft tokens), so that it drafts exactly what they draft."""
@@ -217,11 +230,10 @@ class HeadDrafter:
         ctx_lens = torch.as_tensor(ctx_lens, device=self.device).view(-1)
         depth = min(depth or self.depth, self.depth)
         slots = depth if self.head.config.causal or self.mode == "chain" else self.block
-        b, size, t = anchors.shape[0], slots + 1, ctx_kv[0][0].shape[2]
+        b, size = anchors.shape[0], slots + 1
         tokens = torch.cat([anchors[:, None], torch.full((b, slots), MASK, device=self.device)], 1)
         pos = ctx_lens[:, None] + torch.arange(size, device=self.device)
-        inner = self.head.block_mask(0, size, device=self.device)[None].expand(b, -1, -1)
-        mask = torch.cat([self._ctx_mask(ctx_lens, size, t), inner], 2)
+        mask = self._mask(ctx_kv, ctx_lens, self.head.block_mask(0, size, device=self.device)[None].expand(b, -1, -1))
         return (self._logits if logits else self._logprobs)(tokens, pos, mask, ctx_kv, slice(1, 1 + depth))
 
     @torch.no_grad()
@@ -232,11 +244,12 @@ class HeadDrafter:
         at ctx + depth + 1, sees that node's path. This is a training-time block with real tokens before the first MASK.
         """
         ctx_lens = torch.as_tensor(ctx_lens, device=self.device).view(-1)
-        b, n, t = tb.batch, tb.budget, ctx_kv[0][0].shape[2]
+        ctx_kv = _padded(ctx_kv)  # 2N block rows: more than a paged context reserves past each request
+        b, n = tb.batch, tb.budget
         anc = tb.ancestor_mask()
         eye = torch.eye(n, dtype=torch.bool, device=self.device).expand(b, n, n)
         inner = torch.cat([torch.cat([anc, torch.zeros_like(anc)], 2), torch.cat([anc, eye], 2)], 1)
-        mask = torch.cat([self._ctx_mask(ctx_lens, 2 * n, t), inner], 2)
+        mask = self._mask(ctx_kv, ctx_lens, inner)
         pos = ctx_lens[:, None] + torch.cat([tb.depths, tb.depths + 1], 1)
         tokens = torch.cat([tb.tokens, torch.full_like(tb.tokens, MASK)], 1)
         return self._logprobs(tokens, pos, mask, ctx_kv, slice(n, None))
@@ -278,7 +291,7 @@ class HeadDrafter:
             return _chain_batch(anchors, self.vocab_ids[idx], vals, budget)
         toks, lps = self._topk(lp)
         if self.eager:
-            return self._host_trees(anchors, toks, lps, ctx_kv, ctx_lens, budget)
+            return self._host_trees(anchors, toks, lps, _padded(ctx_kv), ctx_lens, budget)
         tb = build_topb(anchors, toks, lps, budget)
         if self.mode == "branch":
             c_toks, c_lps = self._topk(self.conditioned_logprobs_batch(tb, ctx_kv, ctx_lens))
@@ -416,6 +429,11 @@ class WithLookup:
     def merge_batch(self, tb: TreeBatch, history: torch.Tensor, lens: torch.Tensor, budget: int) -> TreeBatch:
         """`draft`'s merge for a batch of head trees (NgramDrafter.merge_batch)."""
         return self.lookup.merge_batch(tb, history, lens, budget)
+
+
+def _padded(ctx_kv) -> list:
+    """Per-layer padded (k, v) of a context: a paged one (sglang/head_pool.PagedContext) gathered, others as they are."""
+    return ctx_kv.padded() if getattr(ctx_kv, "paged", False) else ctx_kv
 
 
 def _chain_batch(anchors, tokens, logps, budget: int) -> TreeBatch:

@@ -96,12 +96,19 @@ class DraftLayer(nn.Module):
         return (torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]).detach(),
                 torch.cat([self.gate_proj.weight, self.up_proj.weight]).detach())
 
-    def forward(self, h, cos_sin, ctx_k, ctx_v, mask, fused: tuple | None = None):
+    def forward(self, h, cos_sin, ctx, mask, fused: tuple | None = None):
+        """ctx: the context's padded (k, v) [B, Hkv, T, D] with mask [B, S, T + S]; or an object whose
+        `attend(q, k, v, mask)` reads the context where it lives (sglang/head_pool.PagedLayer: the server's pool, by
+        slot) with the block's own mask [B, S, S]."""
         qkv_w, mlp_w = fused or (None, None)
         x = self.input_layernorm(h)
         q, k, v = self.qkv(x, cos_sin, qkv_w)
-        k, v = torch.cat([ctx_k, k], 2), torch.cat([ctx_v, v], 2)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], enable_gqa=self.cfg.num_heads != self.cfg.num_kv_heads)
+        if hasattr(ctx, "attend"):
+            o = ctx.attend(q, k, v, mask)
+        else:
+            k, v = torch.cat([ctx[0], k], 2), torch.cat([ctx[1], v], 2)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None],
+                                               enable_gqa=self.cfg.num_heads != self.cfg.num_kv_heads)
         h = h + self.o_proj(o.transpose(1, 2).flatten(2))
         return h + self.mlp(self.post_attention_layernorm(h), mlp_w)
 
@@ -173,12 +180,13 @@ class JetFlowHead(nn.Module):
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, ctx_kv, mask: torch.Tensor,
                 fused=None) -> torch.Tensor:
-        """tokens/positions [B, S]; mask [B, S, T_ctx + S] bool (True = attend). Returns normed hidden [B, S, d].
+        """tokens/positions [B, S]; mask [B, S, T_ctx + S] bool (True = attend; a paged context: [B, S, S], the
+        context seen up to each request's length). Returns normed hidden [B, S, d].
         fused (inference): each layer's `fused_weights()`."""
         h = self.embed(tokens)
         cos_sin = self.rope(positions)
-        for layer, (k, v), f in zip(self.layers, ctx_kv, fused or [None] * len(self.layers)):
-            h = layer(h, cos_sin, k, v, mask, f)
+        for layer, ctx, f in zip(self.layers, ctx_kv, fused or [None] * len(self.layers)):
+            h = layer(h, cos_sin, ctx, mask, f)
         return self.norm(h)
 
     def rope(self, positions: torch.Tensor):

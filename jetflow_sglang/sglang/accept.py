@@ -6,74 +6,35 @@ is the target's argmax at its parent (core.verify.greedy_accept_batch, the engin
 as point-mass proposals (a child x is accepted with the residual target probability p(x); on rejection p(x) is
 zeroed and p renormalised; if no child is accepted the bonus is drawn from the residual), so every emitted token
 follows the target's processed distribution exactly. Padding nodes are never children of anything here.
-No host synchronisation: loops run over the static depth and width only, and draws are exponential races (race),
-not torch.multinomial.
+No host synchronisation: loops run over the static depth and width only, and draws are exponential races, not
+torch.multinomial (both acceptors are core.verify's batched ones; this module adds SGLang's sampling parameters and
+verify layout).
 """
 from __future__ import annotations
 
 import torch
 
-from jetflow_sglang.core.verify import greedy_accept_batch
+from jetflow_sglang.core.verify import greedy_accept_batch, sample_accept_batch
 
 
-def _valid(sizes: torch.Tensor, n: int) -> torch.Tensor:
-    return torch.arange(n, device=sizes.device)[None] < sizes[:, None]
+def truncation(params, vocab: int) -> int:
+    """How many of a node's most probable tokens the batch's sampled requests can keep, from their sampling params
+    on the host (no device read; greedy requests, top_k 1, take their argmax path and are left out): 0 when none
+    truncates (temperature alone: no sort at all); K < vocab when every one has top_k <= K (a top-K selection,
+    within which top-p and min-p act as on the full sort); vocab otherwise (the full sort)."""
+    sampled = [p for p in params if p.top_k != 1]
+    if all(p.top_k >= vocab and p.top_p >= 1.0 and p.min_p <= 0 for p in sampled):
+        return 0
+    if all(p.top_k < vocab for p in sampled):
+        return max(p.top_k for p in sampled)
+    return vocab
 
 
-def race(p: torch.Tensor, generator=None) -> torch.Tensor:
-    """One draw per row of p [b, V] (non-negative, any scale) without torch.multinomial, whose kernel reads a count
-    back to the host: with E_i ~ Exp(1) independent, the smallest E_i / p_i is index i with probability
-    p_i / sum(p) (the minimum of independent exponentials with rates p_i). One argmax on the device."""
-    e = torch.empty(p.shape, dtype=torch.float64, device=p.device).exponential_(generator=generator)
-    p = p.double()
-    return torch.where(p > 0, p / e, torch.full_like(p, -1.0)).argmax(-1)
-
-
-def sample_path(tokens, parents, sizes, probs, max_depth: int, width: int, generator=None):
-    """Recursive rejection sampling; probs [b, n, V] are the target's processed probabilities at every node.
-    -> (accepted child per depth [b, max_depth] (-1 after the path ends), bonus [b])."""
-    b, n, _ = probs.shape
-    dev = probs.device
-    rows = torch.arange(b, device=dev)
-    ar = torch.arange(n, device=dev)
-    valid = _valid(sizes, n)
-    valid[:, 0] = False  # the root is nobody's child
-    child_of = (parents[:, None, :] == ar[None, :, None]) & valid[:, None, :]  # [b, parent, child]
-    cur = torch.zeros(b, dtype=torch.long, device=dev)
-    done = torch.zeros(b, dtype=torch.bool, device=dev)
-    bonus = torch.zeros(b, dtype=torch.long, device=dev)
-    chosen_by_depth = torch.full((b, max_depth), -1, dtype=torch.long, device=dev)
-    p = probs[:, 0].double()
-    for d in range(max_depth):
-        kids = torch.where(child_of[rows, cur], ar[None], torch.full_like(ar, n)[None]).sort(1).values[:, :width]
-        chosen = torch.full((b,), -1, dtype=torch.long, device=dev)
-        for j in range(kids.shape[1]):
-            kid = kids[:, j]
-            live = (kid < n) & ~done & (chosen < 0)
-            x = tokens.gather(1, kid.clamp(max=n - 1)[:, None])
-            u = torch.rand(b, generator=generator, dtype=torch.float64, device=dev)
-            acc = live & (u < p.gather(1, x)[:, 0])
-            chosen = torch.where(acc, kid, chosen)
-            rej = (live & ~acc)[:, None]
-            zeroed = p.scatter(1, x, 0.0)
-            zeroed = zeroed / zeroed.sum(-1, keepdim=True).clamp(min=1e-300)
-            p = torch.where(rej, zeroed, p)
-        stop = ~done & (chosen < 0)
-        draw = race(p, generator)
-        bonus = torch.where(stop, draw, bonus)
-        done = done | stop
-        moved = chosen >= 0
-        chosen_by_depth[:, d] = chosen
-        cur = torch.where(moved, chosen, cur)
-        p = torch.where(moved[:, None], probs[rows, cur].double(), p)
-    bonus = torch.where(done, bonus, race(p, generator))
-    return chosen_by_depth, bonus
-
-
-def accept_batch(tree, logits, info, width: int, generator=None):
+def accept_batch(tree, logits, info, width: int, generator=None, keep: int | None = None):
     """Acceptance for a batch that may mix greedy and sampled requests, on every tree size (one-node trees too).
     tree: a TreeBatch; logits [b*n, V] after penalties and grammar masks; info: SGLang's SamplingBatchInfo (its
-    is_all_greedy, temperatures, top_ks, top_ps, min_ps). -> (root-first path [b, depth + 1], -1 padded, bonus [b]).
+    is_all_greedy, temperatures, top_ks, top_ps, min_ps); keep: `truncation` of the batch's requests (None: the full
+    sort). -> (root-first path [b, depth + 1], -1 padded, bonus [b]).
     Every path holds at least the root, so every request emits at least one token per round."""
     bs, n = tree.tokens.shape
     depth = min(tree.depth_bound, n - 1)  # 0 on a one-node tree: the root alone, then the bonus token
@@ -81,8 +42,8 @@ def accept_batch(tree, logits, info, width: int, generator=None):
     path, _, g_bonus = greedy_accept_batch(tree, logits.argmax(-1))  # [b, depth + 1]: the engine's acceptor
     if info.is_all_greedy:
         return path, g_bonus
-    probs = processed_probs(logits, info)
-    chosen, s_bonus = sample_path(tree.tokens, tree.parents, tree.sizes, probs, depth, width, generator)
+    probs = processed_probs(logits, info, keep)
+    chosen, s_bonus = sample_accept_batch(tree.tokens, tree.parents, tree.sizes, probs, depth, width, generator)
     s_path = torch.cat([chosen.new_zeros(bs, 1), chosen], 1)  # the root, then the accepted child per depth
     greedy = (info.top_ks.view(-1) == 1).to(path.device)  # SGLang turns temperature 0 into top_k = 1
     return torch.where(greedy[:, None], path, s_path), torch.where(greedy, g_bonus, s_bonus.to(g_bonus.dtype))
@@ -111,14 +72,22 @@ def to_sglang(tokens, path, bonus, n: int):
     return predict[:, :n].reshape(-1), accept_index, accept_lens.to(torch.int32), emitted
 
 
-def processed_probs(logits: torch.Tensor, info) -> torch.Tensor:
+def processed_probs(logits: torch.Tensor, info, keep: int | None = None) -> torch.Tensor:
     """[b, n, V] logits -> the probabilities SGLang's sampler draws from for each request (temperature, then top-k,
-    top-p and min-p over the sorted distribution, as its torch sampler does), per node."""
+    top-p and min-p over the sorted distribution, as its torch sampler does), per node. keep (`truncation`): 0, the
+    tempered softmax alone; K, the same truncation over each node's K most probable tokens (torch.topk instead of
+    sorting the vocabulary); None or V, the full sort."""
     b, n, v = logits.shape
     temps = info.temperatures.view(b, 1, 1).float().clamp(min=1e-6)
     probs = (logits.float() / temps).softmax(-1)
-    sorted_p, idx = probs.sort(-1, descending=True)
-    ranks = torch.arange(v, device=logits.device)[None, None]
+    if keep == 0:
+        return probs
+    keep = v if keep is None else min(int(keep), v)
+    if keep < v:
+        sorted_p, idx = probs.topk(keep, -1)  # sorted, descending
+    else:
+        sorted_p, idx = probs.sort(-1, descending=True)
+    ranks = torch.arange(keep, device=logits.device)[None, None]
     top_k = info.top_ks.view(b, 1, 1).to(logits.device)
     drop = ranks >= torch.where(top_k > 0, top_k, torch.full_like(top_k, v))
     sorted_p = sorted_p.masked_fill(drop, 0.0)

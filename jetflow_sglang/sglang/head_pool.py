@@ -10,6 +10,16 @@ accepted nodes of each verify (at the slots they are moved to).
 - HeadKVPool: the head's keys/values, from the target's tap hidden states (every head layer's buffer, row s).
 - SlotTokens: the token ids, so a request's committed tokens are read on the device too (the prompt-lookup tries of
   lookup_batch.py: JETFLOW_LOOKUP, and the head-less ngram drafter).
+
+The head reads its context in one of two ways (HeadKVPool.context):
+- padded: every layer's rows of the batch gathered into [b, Hkv, L, D] (L: the longest context), then concatenated
+  with the block's own K/V for one dense attention. The copy grows with batch x context and its shapes change every
+  round: the CPU path, where the gather is the attention's own memory read.
+- paged (PagedContext): the block's queries attend to the pool's rows in place through the Triton tree-attention
+  kernel (kernels/triton_tree_attn.py; page size 1, SGLang's req_to_token rows as the block table). The block's own
+  K/V is written to the pool rows of the slots SGLang reserved for this round past each request (the verify window:
+  the commit overwrites the accepted ones), so nothing is gathered or concatenated, and every shape is fixed by the
+  batch, the block and the pool: the GPU path (and a CPU server under TRITON_INTERPRET=1 on jetflow_tree_triton).
 """
 from __future__ import annotations
 
@@ -68,7 +78,59 @@ class HeadKVPool:
             self.k[layer][loc] = k[0].transpose(0, 1).to(self.k[layer].dtype)
             self.v[layer][loc] = v[0].transpose(0, 1).to(self.v[layer].dtype)
 
+    def context(self, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, ctx_lens: torch.Tensor,
+                max_len: int, rows: int, paged: bool):
+        """The batch's context for the head: PagedContext (paged, `rows` block rows past each request) or the padded
+        per-layer (k, v) of the first max_len tokens (a host bound on ctx_lens)."""
+        if paged:
+            return PagedContext(self, req_to_token, req_pool_indices, ctx_lens, rows)
+        return self.gather(slots_of(req_to_token, req_pool_indices, ctx_lens, max_len))
+
     def gather(self, slots: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Padded context K/V of a batch (slots [b, L] from slots_of): per head layer (k, v) [b, Hkv, L, D]. Rows past
         a request's length read the padding slot (callers mask them)."""
         return [(k[slots].transpose(1, 2), v[slots].transpose(1, 2)) for k, v in zip(self.k, self.v)]
+
+
+class PagedContext(list):
+    """One PagedLayer per head layer (what the head's forward zips with its layers), sharing the round's block table
+    (req_to_token's rows of the batch: [b, row width], fixed per batch size), the context lengths and the block rows'
+    slots. `padded()` gives the padded form, for the drafters' second forwards (the branch trees: 2N rows)."""
+    paged = True
+
+    def __init__(self, pool: HeadKVPool, req_to_token, req_pool_indices, ctx_lens, rows: int):
+        self.pool, self.rows = pool, int(rows)
+        self.table = req_to_token.index_select(0, req_pool_indices.long())  # int32 [b, W]: slot of each position
+        self.lens = ctx_lens.to(torch.int32)
+        cols = ctx_lens.long()[:, None] + torch.arange(self.rows, device=ctx_lens.device)
+        self.block_slots = self.table.gather(1, cols).long()  # [b, rows]: the slots SGLang reserved for this round
+        super().__init__(PagedLayer(self, k, v) for k, v in zip(pool.k, pool.v))
+
+    def padded(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        width = self.table.shape[1]
+        cols = torch.arange(width, device=self.table.device)[None]
+        return self.pool.gather(torch.where(cols < self.lens[:, None], self.table.long(), 0))
+
+
+class PagedLayer:
+    def __init__(self, ctx: PagedContext, k: torch.Tensor, v: torch.Tensor):
+        self.ctx, self.k, self.v = ctx, k, v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """q [b, H, S, D], the block's k/v [b, Hkv, S, D], mask [b, S, S] (the block's own) -> [b, H, S, D]: every
+        row sees its request's context (ctx_lens) and the block rows the mask allows."""
+        from jetflow_sglang.core.tree import pack_bits
+        from jetflow_sglang.kernels.triton_tree_attn import tree_attention
+
+        ctx = self.ctx
+        b, h, s, d = q.shape
+        if s > ctx.rows:
+            raise ValueError(f"a head block of {s} rows does not fit the {ctx.rows} reserved past each request")
+        slots = ctx.block_slots[:, :s]
+        self.k[slots] = k.transpose(1, 2).to(self.k.dtype)  # [b, S, Hkv, D] into the reserved rows
+        self.v[slots] = v.transpose(1, 2).to(self.v.dtype)
+        qo = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device=q.device)
+        out = tree_attention(q.transpose(1, 2).reshape(b * s, h, d).to(self.k.dtype).contiguous(),
+                             self.k.unsqueeze(1), self.v.unsqueeze(1), ctx.table, ctx.lens, qo,
+                             pack_bits(mask.reshape(b * s, s)), max_q=s)
+        return out.view(b, s, h, d).transpose(1, 2).to(q.dtype)

@@ -1,7 +1,7 @@
 """What the host learns from a decode round, read a round later without stopping the device.
 
-Each round pushes its device values (the accepted node ids) and its timing marks (start, head forward done, tree
-built, verified, accepted, end). On CUDA the values are copied to pinned host memory with `non_blocking=True` behind an event, and
+Each round runs its phases as `with readback.phase(name)` blocks (head, tree, verify, accept, commit) and pushes its
+device values (the accepted node ids) at the end of the last; the phases' boundaries are its timing marks. On CUDA the values are copied to pinned host memory with `non_blocking=True` behind an event, and
 the marks are CUDA events; `ready()` hands back only the rounds whose end event has completed (`Event.query()`,
 which never waits), so the host never blocks on the device for statistics or the adaptive budget. On a CPU the
 device is the host: the values are ready when pushed and the marks are `perf_counter` readings.
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -71,15 +72,26 @@ class Readback:
         self.marks: list[_Mark] = []
         self._last_end: float | None = None  # host clock at the previous round's end
 
-    def mark(self) -> None:
-        """The next phase boundary of the round being run (the first call starts it)."""
-        self.marks.append(_Mark(self.cuda))
+    @contextmanager
+    def phase(self, name: str):
+        """One phase of the round being run, in PHASES order (the first starts the round); its end is marked when the
+        block ends, the last phase's by `push`, inside it."""
+        if name == PHASES[0]:  # a round starts (a round that raised midway left its marks: dropped)
+            self.marks = [_Mark(self.cuda)]
+        expected = PHASES[len(self.marks) - 1] if len(self.marks) <= len(PHASES) else None
+        if name != expected:
+            raise RuntimeError(f"round phase {name!r} out of order: expected {expected!r}")
+        yield
+        if name != PHASES[-1]:
+            self.marks.append(_Mark(self.cuda))
 
     def push(self, budget: int, batch: int, path: torch.Tensor) -> None:
         """Close the round being run (its last mark) and queue what the host will want from it. The copy is queued
         before the last mark is recorded, so that the mark's event completing means the copy has landed too."""
         host = path.to("cpu", non_blocking=True) if self.cuda else path
-        self.mark()
+        if len(self.marks) != len(PHASES):
+            raise RuntimeError(f"a round closed after {max(0, len(self.marks) - 1)} of its {len(PHASES)} phases")
+        self.marks.append(_Mark(self.cuda))
         marks, self.marks = self.marks, []
         gap = marks[0].t - self._last_end if self._last_end is not None else 0.0
         self._last_end = marks[-1].t

@@ -39,8 +39,8 @@ from jetflow_sglang.sglang.config import ALGORITHM, JetFlowServerConfig
 from jetflow_sglang.sglang.compat import wrap
 from jetflow_sglang.draft.registry import HEAD_DRAFTERS, SERVER_DRAFTERS, spec
 from jetflow_sglang.core.tree_batch import TreeBatch, root_only
-from jetflow_sglang.sglang.accept import accept_batch, to_sglang
-from jetflow_sglang.sglang.attention.guard import full_mask, verify_backend
+from jetflow_sglang.sglang.accept import accept_batch, to_sglang, truncation
+from jetflow_sglang.sglang.attention.guard import TREE_TRITON, full_mask, verify_backend
 from jetflow_sglang.sglang.head_pool import HeadKVPool, SlotTokens, slots_of
 from jetflow_sglang.sglang.host_syncs import SyncCounter
 from jetflow_sglang.sglang import logit_chain
@@ -151,6 +151,9 @@ class JetFlowWorker(BaseSpecWorker):
         # the mask layout of the backend that runs verify (the prefill one unless speculative_attention_mode=decode)
         view = resolved_view(server_args)  # SGLang's decisions over the operator's raw flags
         self.full_mask = full_mask(verify_backend(view))
+        # the head attends to its pool in place through the Triton tree kernel where Triton runs (head_pool.py)
+        self.paged_head = self.head is not None and (str(self.device).startswith("cuda")
+                                                     or verify_backend(view) == TREE_TRITON)
         self.adaptive = self._make_budget() if self.cfg.adaptive else None
         self.generator = make_generator(server_args, self.device, offset=0x7E7F)  # the same on every TP rank
         # On SGLang's overlap scheduler the host runs a round ahead of the results: each request's committed length
@@ -168,8 +171,9 @@ class JetFlowWorker(BaseSpecWorker):
         self.pool: HeadKVPool | None = None
         self.tokens: SlotTokens | None = None
         _install_server_info_hook()
-        logger.info("JETFLOW worker: %s depth=%d overlap=%s tree mask=%s", self.cfg.describe(), self.depth,
-                    self.overlap, "FULL" if self.full_mask else "QLEN_ONLY")
+        logger.info("JETFLOW worker: %s depth=%d overlap=%s tree mask=%s head context=%s", self.cfg.describe(),
+                    self.depth, self.overlap, "FULL" if self.full_mask else "QLEN_ONLY",
+                    "paged" if self.paged_head else "padded")
 
     # -- setup -------------------------------------------------------------------------------------------------
     def _load_head(self):
@@ -265,27 +269,29 @@ class JetFlowWorker(BaseSpecWorker):
 
     def _decode(self, batch, on_publish) -> GenerationBatchResult:
         self._read_back()
-        self.readback.mark()  # start
-        bs = len(batch.reqs)
+        bs, phase = len(batch.reqs), self.readback.phase
         budget = broadcast_object_from_rank0(self.adaptive.choose(bs)) if self.adaptive else self.n
         lens = self._host_lens(batch)
         batch.max_seq_len_host = max(lens, default=0)
         budget = min(budget, self._reserved(batch), self._room(batch.max_seq_len_host))
-        tree = self._draft(batch, budget)  # marks the end of the head forward
-        if self.syncs is not None:
-            self.syncs.tag(tree.tokens.shape[1])  # the round's key: batch x tree width
-        broadcast_from_rank0([tree.tokens, tree.parents, tree.depths, tree.sizes])  # TP ranks verify one tree
-        self.readback.mark()  # tree built
-        out, res = self._verify(batch, tree, sum(lens))
-        self.readback.mark()  # verified
-        path, bonus = self._accept(batch, tree, out)
-        broadcast_from_rank0([path, bonus])  # ... and accept one path
-        self.readback.mark()  # accepted
-        result = self._commit(batch, tree, out, res, path, bonus, on_publish)
-        self._lag = tree.tokens.shape[1]
-        if not self.overlap:
-            self._fit_reserve(batch, self._lag)
-        self.readback.push(budget, bs, path)  # end
+        with phase("head"):
+            anchors, ctx, out = self._head(batch, budget)
+        with phase("tree"):
+            tree = self._tree(batch, anchors, ctx, out, budget)
+            if self.syncs is not None:
+                self.syncs.tag(tree.tokens.shape[1])  # the round's key: batch x tree width
+            broadcast_from_rank0([tree.tokens, tree.parents, tree.depths, tree.sizes])  # TP ranks verify one tree
+        with phase("verify"):
+            out, res, links = self._verify(batch, tree, sum(lens))
+        with phase("accept"):
+            path, bonus = self._accept(batch, tree, out, links)
+            broadcast_from_rank0([path, bonus])  # ... and accept one path
+        with phase("commit"):
+            result = self._commit(batch, tree, out, res, path, bonus, on_publish)
+            self._lag = tree.tokens.shape[1]
+            if not self.overlap:
+                self._fit_reserve(batch, self._lag)
+            self.readback.push(budget, bs, path)  # the round's end
         return result
 
     def _read_back(self) -> None:
@@ -372,25 +378,30 @@ class JetFlowWorker(BaseSpecWorker):
             can_run_cuda_graph=res.can_run_cuda_graph, accept_lens=accept_lens, new_seq_lens=new_seq_lens,
             next_draft_input=JetFlowCarry(next_ids.long(), new_seq_lens), speculative_num_draft_tokens=self.n)
 
-    # -- draft: one head forward for the batch -> TreeBatch --------------------------------------------------
+    # -- draft: one head forward for the batch, then its tree ------------------------------------------------
     @torch.no_grad()
-    def _draft(self, batch, budget: int) -> TreeBatch:
+    def _head(self, batch, budget: int):
+        """(anchors, the head's context, its output): the head's forward, when this round drafts with it."""
         anchors = self._anchors(batch)
-        if budget <= 1 or (self.head is None and self.ngram is None):  # plain decoding (the ar drafter always)
-            self.readback.mark()  # head (none)
+        if budget <= 1 or self.head is None:  # plain decoding (the ar drafter always), or the ngram drafter
+            return anchors, None, None
+        # paged: the block's rows go to the slots reserved for this round (budget >= rows: _decode)
+        rows = self.head_drafter.block_rows(budget)
+        ctx = self.pool.context(batch.req_to_token_pool.req_to_token, batch.req_pool_indices, batch.seq_lens,
+                                batch.max_seq_len_host, rows, paged=self.paged_head and rows <= budget)
+        return anchors, ctx, self.head_drafter.head_batch(anchors, ctx, batch.seq_lens, budget)
+
+    @torch.no_grad()
+    def _tree(self, batch, anchors, ctx, out, budget: int) -> TreeBatch:
+        """The round's tree: the head's top-B tree (its second forward for branch trees), prompt lookup merged in."""
+        if budget <= 1 or (self.head is None and self.ngram is None):
             return root_only(anchors, 1)
-        ctx_lens = batch.seq_lens.to(self.device)  # committed tokens before each anchor
-        max_len = batch.max_seq_len_host  # a host bound (forward_batch_generation); positions past ctx_lens are masked
-        slots = slots_of(batch.req_to_token_pool.req_to_token, batch.req_pool_indices, ctx_lens, max_len)
-        if self.head is None:  # the ngram drafter: its trie alone, merged below
-            self.readback.mark()  # head (none)
-            tree = root_only(anchors, budget)
-        else:
-            ctx = self.pool.gather(slots)
-            out = self.head_drafter.head_batch(anchors, ctx, ctx_lens, budget)
-            self.readback.mark()  # head: the tree build and the lookup merge follow
-            tree = self.head_drafter.tree_batch(anchors, out, ctx, ctx_lens, budget)
+        ctx_lens = batch.seq_lens  # committed tokens before each anchor
+        tree = root_only(anchors, budget) if out is None else \
+            self.head_drafter.tree_batch(anchors, out, ctx, ctx_lens, budget)
         if self.ngram is not None:  # at T > 0 the device accept tests a node's first `width` (best) children
+            slots = slots_of(batch.req_to_token_pool.req_to_token, batch.req_pool_indices, ctx_lens,
+                             batch.max_seq_len_host)  # a host bound; positions past ctx_lens read the padding slot
             tree = self.ngram.merge_batch(tree, self.tokens.history(slots), ctx_lens, budget)
         return tree
 
@@ -423,16 +434,16 @@ class JetFlowWorker(BaseSpecWorker):
             retrieve_next_token=r_next, retrieve_next_sibling=r_sib, draft_token_num=n,
             capture_hidden_mode=self.capture or CaptureHiddenMode.NULL)
         res = self.target_worker.forward_batch_generation(batch, is_verify=True, capture_hidden_mode=self.capture)
-        self._links = (r_next, r_sib)
-        return res.logits_output, res
+        return res.logits_output, res, (r_next, r_sib)
 
     # -- accept: on the device ----------------------------------------------------------------------------------
     @torch.no_grad()
-    def _accept(self, batch, tree: TreeBatch, out):
+    def _accept(self, batch, tree: TreeBatch, out, links):
         """Acceptance on each node's logits processed as plain decoding would (penalties, grammar, logit_bias, custom
         processors: logit_chain.py); the returned logprobs are read from the same processed logits, as plain's are."""
-        out.next_token_logits = logit_chain.process(out.next_token_logits, batch, tree, self._links)
-        return accept_batch(tree, out.next_token_logits, batch.sampling_info, self.width, self.generator)
+        out.next_token_logits = logit_chain.process(out.next_token_logits, batch, tree, links)  # links: _verify's
+        keep = truncation([r.sampling_params for r in batch.reqs], out.next_token_logits.shape[-1])
+        return accept_batch(tree, out.next_token_logits, batch.sampling_info, self.width, self.generator, keep)
 
     # -- commit: KV move, head rows, result ---------------------------------------------------------------------
     @torch.no_grad()

@@ -82,3 +82,45 @@ def test_a_sampled_one_node_round_draws_from_the_target():
     p = (logits[0] / 0.8).softmax(-1)
     freq = torch.bincount(bonus, minlength=V).float() / reps
     assert ((freq - p).abs() / (p * (1 - p) / reps).sqrt()).max() < 4.5
+
+
+def _params(top_k=1 << 30, top_p=1.0, min_p=0.0):
+    return SimpleNamespace(top_k=top_k, top_p=top_p, min_p=min_p)
+
+
+def test_truncation_reads_the_sampled_requests_parameters():
+    from jetflow_sglang.sglang.accept import truncation
+
+    vocab, greedy, default = 100, _params(top_k=1), _params()
+    assert truncation([greedy, default], vocab) == 0  # the OpenAI defaults: temperature alone, no sort
+    assert truncation([greedy, _params(top_k=500)], vocab) == 0  # top_k past the vocabulary truncates nothing
+    assert truncation([default, _params(top_k=20), greedy], vocab) == vocab  # one selection for all: the default
+    # row keeps every token, so the full sort
+    assert truncation([_params(top_k=20, top_p=0.9), _params(top_k=7, min_p=0.1), greedy], vocab) == 20
+    assert truncation([_params(top_k=20), _params(top_p=0.8)], vocab) == vocab  # an unbounded top-p: the full sort
+    assert truncation([greedy, greedy], vocab) == 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_bounded_selection_gives_the_full_sorts_probabilities(seed):
+    """processed_probs over each node's top-K (keep = truncation) equals the full sort, for top-k with top-p and
+    min-p, greedy rows aside; with no truncating request the tempered softmax alone equals it too."""
+    from jetflow_sglang.sglang.accept import processed_probs, truncation
+
+    g = torch.Generator().manual_seed(seed)
+    b, n, vocab = 4, 5, 300
+    logits = torch.randn(b, n, vocab, generator=g) * 3
+    cases = [[_params(top_k=1), _params(top_k=40, top_p=0.8), _params(top_k=12, min_p=0.05), _params(top_k=3)],
+             [_params(top_k=1), _params(), _params(), _params(top_k=1)]]
+    for params in cases:
+        temps = torch.tensor([1.0, 0.7, 1.3, 0.9])[:, None]
+        info = SimpleNamespace(temperatures=temps, top_ks=torch.tensor([p.top_k for p in params]),
+                               top_ps=torch.tensor([p.top_p for p in params]),
+                               min_ps=torch.tensor([p.min_p for p in params]),
+                               need_min_p_sampling=any(p.min_p > 0 for p in params))
+        keep = truncation(params, vocab)
+        assert keep < vocab
+        got, want = processed_probs(logits, info, keep), processed_probs(logits, info)
+        sampled = torch.tensor([p.top_k != 1 for p in params])
+        torch.testing.assert_close(got[sampled], want[sampled], atol=1e-6, rtol=1e-5)
+        assert torch.allclose(got.sum(-1), torch.ones(b, n))

@@ -138,7 +138,8 @@ def test_device_greedy_accept_matches_host_rule():
 
 
 def test_device_rejection_sampling_follows_the_target():
-    from jetflow_sglang.sglang.accept import sample_path, to_sglang
+    from jetflow_sglang.core.verify import sample_accept_batch
+    from jetflow_sglang.sglang.accept import to_sglang
 
     tb = _random_trees(b=1, depth=3, width=3, vocab=6, budget=8, seed=2)
     reps = 20000
@@ -146,7 +147,7 @@ def test_device_rejection_sampling_follows_the_target():
     probs = torch.rand(1, 8, 6, generator=g) ** 2
     probs = probs / probs.sum(-1, keepdim=True)
     rep = lambda x: x.expand(reps, *x.shape[1:]).contiguous()  # noqa: E731
-    chosen, bonus = sample_path(rep(tb.tokens), rep(tb.parents), tb.sizes.expand(reps), rep(probs), 3, 3, g)
+    chosen, bonus = sample_accept_batch(rep(tb.tokens), rep(tb.parents), tb.sizes.expand(reps), rep(probs), 3, 3, g)
     path = torch.cat([torch.zeros_like(chosen[:, :1]), chosen], 1)
     _, _, lens, emitted = to_sglang(rep(tb.tokens), path, bonus, 8)
     first = torch.bincount(emitted[:, 0], minlength=6).float() / reps

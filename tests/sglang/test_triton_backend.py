@@ -1,7 +1,8 @@
 """`--attention-backend jetflow_tree_triton` end to end on the CPU, under Triton's interpreter: real SGLang servers on
 a tiny random Llama and a tiny random Qwen3 (each with a head made for it here), float32 greedy, verified by the
 project's Triton kernel over SGLang's own KV pool. Token-identical to the plain server at budgets 1, 4 and 16 (page
-sizes 1 and 16), for a batch of 3 requests of different lengths and for a radix-cache hit; a sampled request beside a
+sizes 1 and 16), for a batch of 3 requests of different lengths and for a radix-cache hit, the head drafting through
+the same kernel over its pool (paged, as on a GPU); a sampled request beside a
 greedy one in one batch; and the launch refuses the backend on a CPU without TRITON_INTERPRET=1, in one line."""
 from __future__ import annotations
 
@@ -73,6 +74,7 @@ def test_triton_backend_is_token_identical_to_the_plain_server(family):
         log = open(srv.log, errors="replace").read()
         assert "jetflow_tree_triton: TARGET_VERIFY through the Triton tree kernel" in log, \
             "the server did not verify with the Triton backend"
+        assert "head context=paged" in log  # the head reads its pool in place (head_pool.PagedContext), as on a GPU
 
 
 def test_triton_backend_radix_hit_is_token_identical(family):

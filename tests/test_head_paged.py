@@ -1,0 +1,73 @@
+"""The server's paged head context (sglang/head_pool.PagedContext: the block's queries attend to the pool's rows in
+place through the Triton tree kernel, run here by its interpreter) against the padded one (the rows gathered, one
+dense attention): the same draft log-probs for causal and bidirectional heads, ragged contexts, shuffled slots, and
+every block size; the block's own K/V lands in the reserved slots only."""
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # read when @triton.jit decorates: must precede the kernel module's import
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+import jetflow_sglang.kernels.triton_tree_attn as tta  # noqa: E402
+from jetflow_sglang.draft.drafters import HeadDrafter  # noqa: E402
+from jetflow_sglang.sglang.head_pool import HeadKVPool, PagedContext  # noqa: E402
+from tests.helpers import tiny_head, tiny_model  # noqa: E402
+
+if isinstance(tta._tree_attn_fwd, triton.runtime.jit.JITFunction):
+    pytest.skip("the Triton kernel module was imported without TRITON_INTERPRET=1 earlier in this process",
+                allow_module_level=True)
+torch.set_num_threads(1)
+
+
+def _batch(head, seed, lens, width=96, pool_rows=512):
+    """A pool with random context rows, req_to_token rows of shuffled slots (row 0 of the pool: padding)."""
+    g = torch.Generator().manual_seed(seed)
+    pool = HeadKVPool(head, pool_rows, "cpu")
+    taps = torch.randn(pool_rows, head.fc.in_features, generator=g)
+    pool.write(torch.arange(1, pool_rows), taps[1:], torch.randint(0, 64, (pool_rows - 1,), generator=g))
+    b = len(lens)
+    req_to_token = torch.zeros(b + 2, width, dtype=torch.int32)
+    perm = torch.randperm(pool_rows - 1, generator=g)[: b * width] + 1
+    req_to_token[2:] = perm.view(b, width).to(torch.int32)
+    req_pool_indices = torch.arange(2, b + 2)  # rows 0-1 belong to nobody in this batch
+    anchors = torch.randint(0, 64, (b,), generator=g)
+    return pool, req_to_token, req_pool_indices, torch.tensor(lens), anchors
+
+
+@pytest.mark.parametrize("causal,budget", [(True, 16), (True, 5), (True, 2), (False, 16)])
+def test_paged_context_drafts_what_the_padded_one_drafts(causal, budget):
+    model = tiny_model("qwen3", seed=3)
+    head = tiny_head(model, causal=causal, seed=4)
+    drafter = HeadDrafter(head, mode="tree", width=4, depth=head.config.block_size - 1)
+    lens = [7, 40, 1, 63]
+    pool, r2t, rpi, ctx_lens, anchors = _batch(head, 11, lens)
+    rows = drafter.block_rows(budget)
+    assert rows <= budget or not causal
+    padded = pool.context(r2t, rpi, ctx_lens, max(lens), rows, paged=False)
+    want = drafter.head_batch(anchors, padded, ctx_lens, budget)
+    before = [k.clone() for k in pool.k]
+    paged = pool.context(r2t, rpi, ctx_lens, max(lens), rows, paged=True)
+    assert isinstance(paged, PagedContext) and len(paged) == head.config.num_layers
+    got = drafter.head_batch(anchors, paged, ctx_lens, budget)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+    # only the slots reserved past each request changed (the block rows), never a context row
+    reserved = {int(r2t[rpi[i], lens[i] + j]) for i in range(len(lens)) for j in range(rows)}
+    for old, new in zip(before, pool.k):
+        changed = set((old != new).any(-1).any(-1).nonzero().view(-1).tolist())
+        assert changed and changed <= reserved
+    # the padded view of a paged context is the padded context
+    for (k1, v1), (k2, v2) in zip(paged.padded(), padded):
+        torch.testing.assert_close(k1[:, :, : max(lens)], k2)
+
+
+def test_a_block_larger_than_the_reservation_is_refused():
+    model = tiny_model("qwen3", seed=3)
+    head = tiny_head(model, seed=4)
+    drafter = HeadDrafter(head, mode="tree", width=4, depth=head.config.block_size - 1)
+    pool, r2t, rpi, ctx_lens, anchors = _batch(head, 12, [5, 9])
+    paged = pool.context(r2t, rpi, ctx_lens, 9, 3, paged=True)  # room for 3 rows, a 16-node tree needs 16
+    with pytest.raises(ValueError, match="does not fit"):
+        drafter.head_batch(anchors, paged, ctx_lens, 16)
