@@ -275,9 +275,9 @@ class JetFlowWorker(BaseSpecWorker):
         batch.max_seq_len_host = max(lens, default=0)
         budget = min(budget, self._reserved(batch), self._room(batch.max_seq_len_host))
         with phase("head"):
-            anchors, ctx, out = self._head(batch, budget)
+            anchors, ctx, drafted = self._head(batch, budget)
         with phase("tree"):
-            tree = self._tree(batch, anchors, ctx, out, budget)
+            tree = self._tree(batch, anchors, ctx, drafted, budget)
             if self.syncs is not None:
                 self.syncs.tag(tree.tokens.shape[1])  # the round's key: batch x tree width
             broadcast_from_rank0([tree.tokens, tree.parents, tree.depths, tree.sizes])  # TP ranks verify one tree
@@ -442,7 +442,9 @@ class JetFlowWorker(BaseSpecWorker):
         """Acceptance on each node's logits processed as plain decoding would (penalties, grammar, logit_bias, custom
         processors: logit_chain.py); the returned logprobs are read from the same processed logits, as plain's are."""
         out.next_token_logits = logit_chain.process(out.next_token_logits, batch, tree, links)  # links: _verify's
-        keep = truncation([r.sampling_params for r in batch.reqs], out.next_token_logits.shape[-1])
+        info = batch.sampling_info  # the sort rule is read only where a sampled request needs it
+        keep = None if info.is_all_greedy else truncation([r.sampling_params for r in batch.reqs],
+                                                          out.next_token_logits.shape[-1])
         return accept_batch(tree, out.next_token_logits, batch.sampling_info, self.width, self.generator, keep)
 
     # -- commit: KV move, head rows, result ---------------------------------------------------------------------
