@@ -28,3 +28,21 @@ def _private_cache() -> str:
 
 
 os.environ["JETFLOW_CACHE"] = _private_cache()
+
+
+# -- the run's time by module (printed at the end; CI has a time limit, and a module's servers start in its setups) --
+_MODULE_S: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    path = report.nodeid.split("::", 1)[0]
+    _MODULE_S[path] = _MODULE_S.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _MODULE_S:
+        return
+    total = sum(_MODULE_S.values())
+    terminalreporter.write_sep("=", f"time by module: {total / 60:.1f} min in tests")
+    for path, sec in sorted(_MODULE_S.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{sec:8.1f} s  {100 * sec / total:5.1f}%  {path}")
