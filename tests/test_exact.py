@@ -112,11 +112,10 @@ def test_default_model_bf16_is_token_identical_to_plain_decoding():
     assert exact.check(target)["ok"]
     target.prefill([1])
     prompts = ["Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
-               "How many clips did Natalia sell altogether in April and May?",
-               "Write a short poem about the sea.", "def fibonacci(n):"]
+               "How many clips did Natalia sell altogether in April and May?", "def fibonacci(n):"]
     for text in prompts:
         ids = target.encode_chat(text)
         ref = autoregressive(target, ids, max_new_tokens=48, eos_ids=target.eos_ids()).tokens
-        for budget in ("auto", 16, 64):
+        for budget in ("auto", 64):  # bf16 is emulated on an AVX2 CPU: ~20 s a run (the random cases above: 16)
             got = run(target, drafter, ids, max_new_tokens=48, budget=budget, eos_ids=target.eos_ids()).tokens
             assert got == ref, f"{text[:30]!r} budget={budget}"

@@ -485,11 +485,12 @@ def test_long_prompt_chunked_prefill(servers, models, tok):
     assert a["output_ids"] == b["output_ids"] == hf_greedy(models[0], ids, 24, stop_at_eos=False)
 
 
-def test_sglang_ngram_runs_on_cpu_and_matches_plain(servers, models, server_pool, tok):
+def test_sglang_ngram_runs_on_cpu_and_matches_plain(models, server_pool, tok):
     """SGLang's own NGRAM (the serving benchmark's baseline) on CPU through the shim's metadata and greedy-verify
-    ops and JetFlow's tree backend: greedy output identical to HF and to the plain server, with accepted drafts."""
-    _, plain = servers
-    with server_pool.use(server_pool.get(models[0], NGRAM_TINY, name="ngram-tiny", shared=False)) as (srv,):
+    ops and JetFlow's tree backend: greedy output identical to HF and to the plain server, with accepted drafts.
+    Once (no scheduler-mode parameter: the NGRAM server is SGLang's own, the same in both)."""
+    ngram = server_pool.get(models[0], NGRAM_TINY, name="ngram-tiny", shared=False)
+    with server_pool.use(ngram, plain_tiny(server_pool, models[0])) as (srv, plain):
         ids = tok("1 2 3 4 5 1 2 3 4 5 1 2 3").input_ids
         body = dict(input_ids=ids, sampling_params={"max_new_tokens": 24, "temperature": 0, "ignore_eos": True})
         got = srv.generate(**body)

@@ -1,13 +1,14 @@
 """Tensor and data parallelism on CPU with real servers on 127.0.0.1.
 
 --tp 2 (gloo; one core per rank through SGLANG_CPU_OMP_THREADS_BIND, since SGLang's CPU engine asserts one NUMA node
-per rank otherwise): JETFLOW must be token-identical to --tp 2 without speculation. The head's embedding is the
+per rank otherwise): JETFLOW must be token-identical to plain decoding (HF greedy, which --tp 2 without speculation
+matches on the tiny model). The head's embedding is the
 target's vocab-parallel embedding forward and the LM head is gathered (sglang/target_view.py); rank 0 decides the
 budget, trees and accepted paths (sglang/tp_sync.py). JETFLOW_BUDGET=auto makes the ranks' own (timing-based) budget
 choices differ, so the test fails if the decisions are not broadcast.
 --dp 2: two schedulers behind SGLang's DP controller, 8 concurrent requests, identical to no speculation (HF greedy,
 which the plain server matches: test_sglang_server.py).
-Each JETFLOW server runs twice: synchronous, and on SGLang's overlap scheduler (JETFLOW_OVERLAP=on).
+The TP server runs twice: synchronous, and on SGLang's overlap scheduler (JETFLOW_OVERLAP=on); DP on the overlap one.
 Servers run one after another (each TP/DP server is 2 scheduler processes of ~3 GB).
 """
 from __future__ import annotations
@@ -63,13 +64,14 @@ def _jetflow(head, n="6"):
             "--speculative-num-draft-tokens", n]
 
 
-def test_tp2_jetflow_identical_to_tp2_plain(models, prompt_ids):
+def test_tp2_jetflow_identical_to_plain_decoding(models, prompt_ids):
+    """The reference is HF greedy, which a plain --tp 2 server matched on these prompts (a third two-rank server here
+    until 2026-12-07): the tiny model's logit gaps are far wider than the ranks' reduction-order noise."""
     target, head, root = models
-    srv = _serve(target, ["--tp", "2"], root / "tp2_plain.log")
-    try:
-        plain = [o["output_ids"] for o in _run(srv, prompt_ids[:4], 2)]
-    finally:
-        srv.stop()
+    from transformers import AutoModelForCausalLM
+
+    ref = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    plain = [hf_greedy(ref, ids, NEW, stop_at_eos=False) for ids in prompt_ids[:4]]
     for overlap in ("off", "on"):  # the worker synchronous, then on SGLang's overlap scheduler
         log = root / f"tp2_jetflow_overlap_{overlap}.log"
         srv = _serve(target, ["--tp", "2", *_jetflow(head)], log, env={"JETFLOW_BUDGET": "auto",
@@ -82,7 +84,6 @@ def test_tp2_jetflow_identical_to_tp2_plain(models, prompt_ids):
             assert o["output_ids"] == p, (overlap, ids, o["output_ids"], p)
             assert o["meta_info"]["spec_verify_ct"] > 0
         assert "TP1" in log.read_text(errors="replace")  # really two ranks
-    assert plain[0] == hf_greedy(target, prompt_ids[0], NEW, stop_at_eos=False)
 
 
 def test_dp2_jetflow_serves_8_concurrent_identical(models, prompt_ids):
@@ -91,8 +92,8 @@ def test_dp2_jetflow_serves_8_concurrent_identical(models, prompt_ids):
 
     ref = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
     want = [hf_greedy(ref, ids, NEW, stop_at_eos=False) for ids in prompt_ids]
-    for overlap in ("off", "on"):  # the worker synchronous, then on SGLang's overlap scheduler
-        log = root / f"dp2_jetflow_overlap_{overlap}.log"
+    for overlap in ("on",):  # on SGLang's overlap scheduler (each DP rank is a one-rank worker: the synchronous
+        log = root / f"dp2_jetflow_overlap_{overlap}.log"  # one is test_tp2's and every one-rank module's)
         srv = _serve(target, ["--dp", "2", *_jetflow(head)], log, env={"JETFLOW_OVERLAP": overlap})
         try:
             outs = _run(srv, prompt_ids, 8)

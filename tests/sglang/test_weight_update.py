@@ -88,7 +88,7 @@ def test_updated_weights_serve_as_plain_on_them(servers, mode):
     assert requests.get(spec.url + "/health", timeout=30).ok
 
 
-@pytest.mark.parametrize("mode", ["sync", "overlap"])
+@pytest.mark.parametrize("mode", ["overlap"])  # a round in flight when the pause lands (sync ran too until 2026-12-07)
 def test_pause_and_continue_mid_decode(servers, mode):
     """Requests paused mid-decode (in place, and retracted with the cache flushed while paused) and then continued
     finish as on plain SGLang; an abort while paused ends them."""
