@@ -9,6 +9,7 @@ it refuses n above the limit with a 400, as a JETFLOW server does."""
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import requests
@@ -119,7 +120,9 @@ def test_plain_server_answers_as_without_the_plugin(server_pool):
 
 def test_ngram_launch_ends_as_without_the_plugin(tmp_path):
     """NGRAM on SGLang's own CPU backend: with the package installed and without it, the launch ends in the same
-    error (the stock backend cannot verify NGRAM's trees), and no JETFLOW code runs in either."""
+    error, and no JETFLOW code runs in either. The error is the stock backend failing on NGRAM's verify forward, or,
+    where the machine's free memory is short (a second test worker), SGLang's KV sizing refusal, whose numbers are
+    the memory free at that launch and so are not compared."""
     target = shared_tiny()
     ends = []
     for name, env in (("on", {}), ("off", OFF)):
@@ -129,7 +132,7 @@ def test_ngram_launch_ends_as_without_the_plugin(tmp_path):
         log = srv.log.read_text(errors="replace")
         errors = [ln for ln in log.splitlines() if "Error:" in ln and not ln.startswith(" ")]
         assert errors and "jetflow_sglang" not in log, log[-2000:]
-        ends.append(errors[-1])
+        ends.append(re.sub(r"\d+(\.\d+)?", "#", errors[-1]))  # numbers: the memory free at that launch
     assert ends[0] == ends[1], ends
 
 
