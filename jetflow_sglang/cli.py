@@ -107,6 +107,12 @@ def cmd_generate(a) -> int:
         torch.set_num_threads(a.threads)
     target, drafter = load_stack(a.target, a.head, a.dtype, a.drafter, a.width, a.device, tree=a.tree, depth=a.depth,
                                  lookup=a.lookup, exact=a.exact)
+    runner = None
+    base = getattr(drafter, "base", drafter)  # the head drafter under a WithLookup
+    if a.graphs != "off" and hasattr(base, "runner"):  # the tree build replayed from its capture per shape
+        from jetflow_sglang.core.graphs import GraphRunner, default_backend
+
+        runner = base.runner = GraphRunner(default_backend(a.device), check=a.graphs == "check")
     ids = target.encode_chat(a.prompt) if not a.raw else target.tokenizer.encode(a.prompt)
     target.check_prompt(ids)
     eos = target.eos_ids()
@@ -137,7 +143,6 @@ def cmd_generate(a) -> int:
         from jetflow_sglang.engine.diverge import first_divergence
 
         div = first_divergence(target, list(ids), res.tokens, ar.tokens)
-    base = getattr(drafter, "base", drafter)  # the head drafter under a WithLookup
     summary = {
         "text": text, "tokens": res.tokens, "drafter": base.name, "budget": a.budget, "dtype": str(target.dtype).removeprefix("torch."),
         "tree": a.tree, "depth": getattr(base, "depth", None), "exact_rows": target.exact,
@@ -149,12 +154,17 @@ def cmd_generate(a) -> int:
         "speedup_vs_ar": round(res.tokens_per_s / ar.tokens_per_s, 4) if ar and ar.tokens_per_s else None,
         "lossless": (res.tokens == ar.tokens) if ar and a.temperature == 0 else None,
         "divergence": div,
+        "graphs": runner.snapshot() if runner else None,
     }
     out.write("\n")
     budget = f"auto (mean {summary['mean_budget']:.1f})" if a.budget == "auto" else a.budget
     rows = ", exact rows" if target.exact else ""
     stats = (f"[jetflow] {drafter.name} budget={budget} ({summary['dtype']}{rows}): {len(res.tokens)} tokens, "
              f"tau={res.tau:.2f}, {res.tokens_per_s:.1f} tok/s")
+    if runner:
+        g = runner.snapshot()
+        stats += f", {g['replays']} replays of {g['captures']} {g['backend']} captures"
+        stats += " (each equal to eager)" if a.graphs == "check" else ""
     if ar:
         stats += f", AR {ar.tokens_per_s:.1f} tok/s, speedup {summary['speedup_vs_ar']:.2f}x"
         if summary["lossless"]:
@@ -221,6 +231,9 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--device", type=device_arg, default="cpu", help="cpu or cuda[:N] (CUDA verifies trees with the Triton tree kernel)")
     g.add_argument("--threads", type=nonneg_int, default=0, help="torch threads (0: torch's default)")
+    g.add_argument("--graphs", choices=["off", "on", "check"], default="off",
+                   help="replay the tree build from one capture per shape: CUDA graphs on cuda, a replayed ATen trace "
+                        "on a CPU; check: also run it eagerly and fail on any difference")
     g.set_defaults(fn=cmd_generate)
     pa = sub.add_parser("paths", help="print (and prepare) the default target and head folders")
     pa.set_defaults(fn=cmd_paths)

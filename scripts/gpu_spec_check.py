@@ -4,6 +4,8 @@
     python scripts/gpu_spec_check.py --device cpu --prompts 1 --max-new-tokens 8 --budgets 4,16 --out OUT   # DRY
 1. float32: for every prompt and budget, engine.run (the Triton tree kernel on CUDA) must give exactly the tokens of
    engine.autoregressive; any difference is reported with the first differing position (diverge.py).
+   The same runs again with the tree build replayed from captures (CUDA graphs on cuda, check mode: every replay
+   is also compared with the eager build) must give the same tokens.
 2. bf16 (or the --dtype given): AR and each budget timed per prompt, interleaved, after one warm-up; speedup, tau and
    speedup / tau (the issue's target: >= 0.75 at B=256).
 Writes OUT/spec_check.{json,md}; exits 1 when float32 is not token-identical.
@@ -51,9 +53,26 @@ def lossless(device, texts, budgets, max_new, head) -> list[dict]:
             row = {"prompt": text[:60], "budget": b, "identical": got.tokens == ref, "tau": round(got.tau, 3)}
             if got.tokens != ref:
                 row["divergence"] = first_divergence(target, list(ids), got.tokens, ref)
+            row["graphs"] = captured(target, drafter, ids, max_new, b, eos, ref, device)
             rows.append(row)
     del target, drafter
     return rows
+
+
+def captured(target, drafter, ids, max_new, budget, eos, ref, device) -> dict:
+    """The same run with the tree build replayed from its captures (core/graphs.py: CUDA graphs on cuda, the replayed
+    ATen trace on a CPU), each replay also compared with the eager build: tokens identical, and replay == eager."""
+    from jetflow_sglang.core.graphs import CaptureError, GraphRunner, default_backend
+
+    base = getattr(drafter, "base", drafter)
+    base.runner = runner = GraphRunner(default_backend(device), check=True)
+    try:
+        got = run(target, drafter, ids, max_new_tokens=max_new, budget=budget, eos_ids=eos)
+        return {"identical": got.tokens == ref, **runner.snapshot(), "error": None}
+    except CaptureError as e:
+        return {"identical": False, **runner.snapshot(), "error": str(e)[:300]}
+    finally:
+        base.runner = None
 
 
 def speed(device, dtype, texts, budgets, max_new, head) -> dict:
@@ -104,13 +123,16 @@ def main() -> int:
     rows = lossless(a.device, texts, budgets, a.max_new_tokens, a.head)
     fast = speed(a.device, a.dtype, texts, budgets, a.max_new_tokens, a.head)
     machine = torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu"
-    ok = all(r["identical"] for r in rows)
+    ok = all(r["identical"] and r["graphs"]["identical"] for r in rows)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "spec_check.json").write_text(json.dumps({"argv": sys.argv, "machine": machine, "torch": torch.__version__,
                                                      "lossless": rows, "speed": fast}, indent=1, default=str))
     md = [f"# Speculative checks on {machine} ({time.strftime('%Y-%m-%d')})\n", f"Command: `{' '.join(sys.argv)}`\n",
           f"float32 token-identical to AR: **{sum(r['identical'] for r in rows)}/{len(rows)}** (prompt x budget)\n",
+          f"with the tree build replayed from captures ({rows[0]['graphs']['backend']}, every replay equal to eager): "
+          f"**{sum(r['graphs']['identical'] for r in rows)}/{len(rows)}**, "
+          f"{sum(r['graphs']['replays'] for r in rows)} replays\n",
           f"| budget | tau | tok/s ({fast['dtype']}) | speedup over AR ({fast['ar_tok_s']:.1f} tok/s) | speedup / tau |",
           "|---|---|---|---|---|"]
     md += [f"| {b} | {c['tau']:.2f} | {c['tok_s']:.1f} | {c['speedup']:.2f}x | {c['speedup_over_tau']:.2f} |"

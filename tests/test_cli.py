@@ -52,6 +52,20 @@ def test_generate_json_is_lossless_and_reports(stack, capsys):
     assert auto["mean_budget"] >= 1 and "budget=auto (mean" in err2
 
 
+def test_graphs_check_replays_the_tree_build_losslessly(stack, capsys):
+    """--graphs check: the tree build replayed from one capture per shape (on a CPU, the replayed ATen trace), each
+    replay compared with the eager build; the text is plain decoding's."""
+    target, head, _ = stack
+    code, out, err = run_cli(capsys, "The quick brown fox", "--target", target, "--head", head, "--budget", "8",
+                             "--max-new-tokens", "24", "--compare-ar", "--json", "--threads", "1",
+                             "--dtype", "float32", "--graphs", "check")
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["lossless"] is True and res["graphs"]["backend"] == "fx", res
+    assert res["graphs"]["replays"] >= res["verify_steps"] - 1 > 0 and res["graphs"]["captures"] >= 1, res
+    assert "fx captures (each equal to eager)" in err
+
+
 @pytest.fixture
 def no_loading(monkeypatch):
     """Loading target weights is a test failure: these errors must come first."""

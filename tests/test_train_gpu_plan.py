@@ -94,3 +94,6 @@ def test_dry_run_of_the_spec_stage(tmp_path):
     assert [r["budget"] for r in got["lossless"]] == [4, 16] and all(r["identical"] for r in got["lossless"])
     assert set(got["speed"]["budgets"]) == {"4", "16"} and got["speed"]["ar_tok_s"] > 0
     assert "token-identical to AR: **2/2**" in (out / "spec_check.md").read_text() and "spec done" in log
+    graphs = [r["graphs"] for r in got["lossless"]]  # the captured tree build (fx on a CPU), replay == eager
+    assert all(g["identical"] and g["error"] is None and g["backend"] == "fx" for g in graphs), graphs
+    assert graphs[1]["replays"] > 0 and "**2/2**, " in (out / "spec_check.md").read_text().split("captures")[1]

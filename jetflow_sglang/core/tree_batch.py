@@ -325,6 +325,12 @@ def build_topb(anchor: torch.Tensor, cand_tokens: torch.Tensor, cand_logps: torc
                    plan.u_bits, budget, len(plan.levels))
 
 
+def topb_depth(budget: int, depth: int, width: int, device) -> int:
+    """build_topb's max_depth for candidates [b, depth, width] (static: its plan's levels), for a caller that runs
+    it captured and rebuilds the TreeBatch from the tensors."""
+    return max(1, len(_plan(budget, depth, width, str(device)).levels))
+
+
 def root_only(anchor: torch.Tensor, budget: int) -> TreeBatch:
     """Trees holding only their root (anchor [b]), padded to `budget` slots."""
     b, dev = anchor.shape[0], anchor.device

@@ -142,23 +142,32 @@ def _valid(sizes: torch.Tensor, n: int) -> torch.Tensor:
     return torch.arange(n, device=sizes.device)[None] < sizes[:, None]
 
 
-def race(p: torch.Tensor, generator=None) -> torch.Tensor:
+def race(p: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     """One draw per row of p [b, V] (non-negative, any scale) without torch.multinomial, whose kernel reads a count
-    back to the host: with E_i ~ Exp(1) independent, the smallest E_i / p_i is index i with probability
-    p_i / sum(p) (the minimum of independent exponentials with rates p_i). One argmax on the device."""
-    e = torch.empty(p.shape, dtype=torch.float64, device=p.device).exponential_(generator=generator)
+    back to the host: with e_i ~ Exp(1) independent ([b, V], float64), the smallest e_i / p_i is index i with
+    probability p_i / sum(p) (the minimum of independent exponentials with rates p_i). One argmax on the device."""
     p = p.double()
     return torch.where(p > 0, p / e, torch.full_like(p, -1.0)).argmax(-1)
 
 
-def sample_accept_batch(tokens, parents, sizes, probs, max_depth: int, width: int, generator=None):
+def accept_noise(b: int, vocab: int, max_depth: int, width: int, device, generator=None):
+    """The random draws of one sample_accept_batch call, made before it (a captured acceptance takes them as
+    inputs): uniforms [b, max_depth, width] for the children's tests and exponentials [b, max_depth + 1, V] for the
+    races, float64."""
+    u = torch.rand(b, max_depth, width, generator=generator, dtype=torch.float64, device=device)
+    e = torch.empty(b, max_depth + 1, vocab, dtype=torch.float64, device=device).exponential_(generator=generator)
+    return u, e
+
+
+def sample_accept_batch(tokens, parents, sizes, probs, max_depth: int, width: int, generator=None, noise=None):
     """sample_accept for a padded batch of trees (TreeBatch fields), on the device and without a host sync: loops run
     over the static depth and width (each node's first `width` children, in slot order) and draws are exponential
     races, not torch.multinomial. Candidates are point-mass proposals. probs [b, n, V]: the target's processed
-    probabilities at every node.
+    probabilities at every node; noise: accept_noise's draws (default: drawn here from `generator`).
     -> (accepted child per depth [b, max_depth] (-1 after the path ends), bonus [b])."""
-    b, n, _ = probs.shape
+    b, n, v = probs.shape
     dev = probs.device
+    u_all, e_all = accept_noise(b, v, max_depth, width, dev, generator) if noise is None else noise
     rows = torch.arange(b, device=dev)
     ar = torch.arange(n, device=dev)
     valid = _valid(sizes, n)
@@ -176,7 +185,7 @@ def sample_accept_batch(tokens, parents, sizes, probs, max_depth: int, width: in
             kid = kids[:, j]
             live = (kid < n) & ~done & (chosen < 0)
             x = tokens.gather(1, kid.clamp(max=n - 1)[:, None])
-            u = torch.rand(b, generator=generator, dtype=torch.float64, device=dev)
+            u = u_all[:, d, j]
             acc = live & (u < p.gather(1, x)[:, 0])
             chosen = torch.where(acc, kid, chosen)
             rej = (live & ~acc)[:, None]
@@ -184,12 +193,12 @@ def sample_accept_batch(tokens, parents, sizes, probs, max_depth: int, width: in
             zeroed = zeroed / zeroed.sum(-1, keepdim=True).clamp(min=1e-300)
             p = torch.where(rej, zeroed, p)
         stop = ~done & (chosen < 0)
-        draw = race(p, generator)
+        draw = race(p, e_all[:, d])
         bonus = torch.where(stop, draw, bonus)
         done = done | stop
         moved = chosen >= 0
         chosen_by_depth[:, d] = chosen
         cur = torch.where(moved, chosen, cur)
         p = torch.where(moved[:, None], probs[rows, cur].double(), p)
-    bonus = torch.where(done, bonus, race(p, generator))
+    bonus = torch.where(done, bonus, race(p, e_all[:, max_depth]))
     return chosen_by_depth, bonus

@@ -22,7 +22,7 @@ from jetflow_sglang.head import MASK, JetFlowHead
 from jetflow_sglang.core.lookup_batch import merge_lookup
 from jetflow_sglang.draft.registry import DEFAULT_WIDTH, DRAFTERS, TREES, spec
 from jetflow_sglang.core.tree import DraftTree, best_first, check_budget, merge, per_depth
-from jetflow_sglang.core.tree_batch import TreeBatch, build_topb, build_topb_conditioned, root_only
+from jetflow_sglang.core.tree_batch import TreeBatch, build_topb, build_topb_conditioned, root_only, topb_depth
 
 # A request's next tree at budget B runs the levels its last tree at B reached plus this margin (a causal head's first
 # d levels are exact on their own, and the head forward and the vocabulary projection cost grows with the rows). A tree
@@ -141,6 +141,7 @@ class HeadDrafter:
         # chain without lookup needs only the argmax per depth (one max over the vocabulary, no log-softmax and
         # top-k), and its scores are then NaN.
         self.scores = scores
+        self.runner = None  # a core.graphs.GraphRunner: the tree build replayed from its capture per shape
 
     def gemm_weights(self) -> list[torch.Tensor]:
         """Every weight the head multiplies rows by (the fused ones included): what rowgemm.tune measures."""
@@ -289,6 +290,13 @@ class HeadDrafter:
         if self.mode == "chain":  # from log-probs (the host drafting loop's path)
             vals, idx = lp.max(-1)
             return _chain_batch(anchors, self.vocab_ids[idx], vals, budget)
+        if self.runner is not None and self.mode == "tree" and not self.eager:  # captured: one piece per shape
+            def topb(anchors, lp):
+                tb = build_topb(anchors, *self._topk(lp), budget)
+                return tb.tokens, tb.parents, tb.depths, tb.logps, tb.sizes
+
+            fields = self.runner.run("tree", (budget, *lp.shape[1:], str(lp.dtype)), topb, anchors, lp)
+            return TreeBatch(*fields, topb_depth(budget, lp.shape[1], self.width, lp.device))
         toks, lps = self._topk(lp)
         if self.eager:
             return self._host_trees(anchors, toks, lps, _padded(ctx_kv), ctx_lens, budget)

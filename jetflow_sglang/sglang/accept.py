@@ -12,9 +12,12 @@ verify layout).
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
-from jetflow_sglang.core.verify import greedy_accept_batch, sample_accept_batch
+from jetflow_sglang.core.tree_batch import TreeBatch
+from jetflow_sglang.core.verify import accept_noise, greedy_accept_batch, sample_accept_batch
 
 
 def truncation(params, vocab: int) -> int:
@@ -30,22 +33,48 @@ def truncation(params, vocab: int) -> int:
     return vocab
 
 
-def accept_batch(tree, logits, info, width: int, generator=None, keep: int | None = None):
+def accept_batch(tree, logits, info, width: int, generator=None, keep: int | None = None, runner=None):
     """Acceptance for a batch that may mix greedy and sampled requests, on every tree size (one-node trees too).
     tree: a TreeBatch; logits [b*n, V] after penalties and grammar masks; info: SGLang's SamplingBatchInfo (its
     is_all_greedy, temperatures, top_ks, top_ps, min_ps); keep: `truncation` of the batch's requests (None: the full
-    sort). -> (root-first path [b, depth + 1], -1 padded, bonus [b]).
+    sort); runner: a core.graphs.GraphRunner that replays it from its capture per shape (its random draws are made
+    first, from `generator`). -> (root-first path [b, depth + 1], -1 padded, bonus [b]).
     Every path holds at least the root, so every request emits at least one token per round."""
     bs, n = tree.tokens.shape
     depth = min(tree.depth_bound, n - 1)  # 0 on a one-node tree: the root alone, then the bonus token
     logits = logits.view(bs, n, -1)
-    path, _, g_bonus = greedy_accept_batch(tree, logits.argmax(-1))  # [b, depth + 1]: the engine's acceptor
+    fields = (tree.tokens, tree.parents, tree.depths, tree.logps, tree.sizes, logits)
     if info.is_all_greedy:
-        return path, g_bonus
+        piece = lambda *f: _greedy(tree.max_depth, *f)  # noqa: E731
+        return _run(runner, ("greedy", n, tree.max_depth, str(logits.dtype)), piece, *fields)
+    min_p = bool(getattr(info, "need_min_p_sampling", False))
+    params = [info.temperatures.view(bs, -1), info.top_ks.view(bs, -1).to(logits.device),
+              info.top_ps.view(bs, -1).to(logits.device),
+              (info.min_ps if min_p else info.top_ps).view(bs, -1).to(logits.device)]
+    noise = accept_noise(bs, logits.shape[-1], depth, width, logits.device, generator)
+    piece = lambda *f: _mixed(tree.max_depth, depth, width, keep, min_p, *f)  # noqa: E731
+    return _run(runner, ("mixed", n, tree.max_depth, width, keep, min_p, str(logits.dtype)), piece, *fields, *params,
+                *noise)
+
+
+def _run(runner, key, piece, *inputs):
+    return tuple(piece(*inputs)) if runner is None else runner.run("accept", key, piece, *inputs)
+
+
+def _greedy(max_depth, tokens, parents, depths, logps, sizes, logits):
+    tree = TreeBatch(tokens, parents, depths, logps, sizes, max_depth)
+    path, _, bonus = greedy_accept_batch(tree, logits.argmax(-1))  # [b, depth + 1]: the engine's acceptor
+    return path, bonus
+
+
+def _mixed(max_depth, depth, width, keep, min_p, tokens, parents, depths, logps, sizes, logits, temps, top_ks, top_ps,
+           min_ps, u, e):
+    path, g_bonus = _greedy(max_depth, tokens, parents, depths, logps, sizes, logits)
+    info = SimpleNamespace(temperatures=temps, top_ks=top_ks, top_ps=top_ps, min_ps=min_ps, need_min_p_sampling=min_p)
     probs = processed_probs(logits, info, keep)
-    chosen, s_bonus = sample_accept_batch(tree.tokens, tree.parents, tree.sizes, probs, depth, width, generator)
-    s_path = torch.cat([chosen.new_zeros(bs, 1), chosen], 1)  # the root, then the accepted child per depth
-    greedy = (info.top_ks.view(-1) == 1).to(path.device)  # SGLang turns temperature 0 into top_k = 1
+    chosen, s_bonus = sample_accept_batch(tokens, parents, sizes, probs, depth, width, noise=(u, e))
+    s_path = torch.cat([chosen.new_zeros(chosen.shape[0], 1), chosen], 1)  # the root, then the accepted child per depth
+    greedy = (top_ks.view(-1) == 1)  # SGLang turns temperature 0 into top_k = 1
     return torch.where(greedy[:, None], path, s_path), torch.where(greedy, g_bonus, s_bonus.to(g_bonus.dtype))
 
 

@@ -1,4 +1,4 @@
-"""The JETFLOW server configuration: one typed object, resolved once from SGLang's own flags plus five variables.
+"""The JETFLOW server configuration: one typed object, resolved once from SGLang's own flags plus the variables below.
 
 SGLang flags (preferred; they exist for every speculative algorithm):
     --speculative-num-draft-tokens N   budget: draft-tree nodes per request and round, root included. Given alone
@@ -30,6 +30,10 @@ Environment (only what SGLang has no flag for; read once, never written):
                       --disable-overlap-schedule, which always wins)
     JETFLOW_COUNT_SYNCS  0 | 1     count, per decode round, the calls that could make the host wait for the device
                       (host_syncs.py), reported in /server_info; for tests and benchmarks (default 0)
+    JETFLOW_GRAPHS    off | on | check   replay the round's tree build and acceptance from captures, one per (batch
+                      bucket, budget) (core/graphs.py): CUDA graphs on a GPU (not yet run on one), a replayed ATen
+                      trace on a CPU (the same kernels: a proof of the capture, not a speed-up); check: also run
+                      each piece eagerly and fail on any difference (tests). Default off
     JETFLOW_COST_PRIOR  JSON {verified tokens: seconds}, e.g. '{"1": 0.01, "8": 0.02}': the verify-cost prior of
                       JETFLOW_BUDGET=auto (only valid with it; default: the adaptive budget's own prior)
 
@@ -66,7 +70,8 @@ def default_budget(device) -> int:
     return DEFAULT_BUDGET["cpu" if str(device or "").strip().lower() == "cpu" else "accelerator"]
 
 ENV_VARS = ("JETFLOW_DRAFTER", "JETFLOW_BUDGET", "JETFLOW_TREE", "JETFLOW_COST_PRIOR", "JETFLOW_LOOKUP", "JETFLOW_OVERLAP",
-            "JETFLOW_COUNT_SYNCS")
+            "JETFLOW_COUNT_SYNCS", "JETFLOW_GRAPHS")
+GRAPHS = ("off", "on", "check")
 SWITCH_VALUES = {"auto": None, "on": True, "1": True, "true": True, "off": False, "0": False, "false": False}
 RETIRED_ENV = {  # read by earlier versions; failing beats silently ignoring them
     "JETFLOW_WIDTH": "--speculative-eagle-topk",
@@ -93,6 +98,7 @@ class JetFlowServerConfig:
     lookup: bool = False  # JETFLOW_LOOKUP: prompt-lookup tries merged into the head's trees (lookup_batch)
     overlap: bool = False  # JETFLOW_OVERLAP: run on SGLang's overlap scheduler (unless --disable-overlap-schedule)
     count_syncs: bool = False  # JETFLOW_COUNT_SYNCS: count each decode round's host synchronisations (host_syncs.py)
+    graphs: str = "off"  # JETFLOW_GRAPHS: off | on | check (core/graphs.py)
 
     @property
     def needs_head(self) -> bool:
@@ -137,14 +143,18 @@ class JetFlowServerConfig:
         if overlap is None:
             overlap = str(raw.get("device") or "").strip().lower() != "cpu"
         count_syncs = bool(_switch("JETFLOW_COUNT_SYNCS", env.get("JETFLOW_COUNT_SYNCS") or "off"))
+        graphs = (env.get("JETFLOW_GRAPHS") or "off").strip().lower()
+        if graphs not in GRAPHS:
+            raise JetFlowConfigError(f"JETFLOW_GRAPHS must be {', '.join(GRAPHS)}; got {env.get('JETFLOW_GRAPHS')!r}")
         return cls(drafter=drafter, budget=budget, adaptive=adaptive, width=width, depth=depth, tree=tree,
-                   head_dir=head_dir, cost_prior=cost_prior, lookup=lookup, overlap=overlap, count_syncs=count_syncs)
+                   head_dir=head_dir, cost_prior=cost_prior, lookup=lookup, overlap=overlap, count_syncs=count_syncs,
+                   graphs=graphs)
 
     def describe(self) -> str:
         mode = "auto, up to" if self.adaptive else "fixed"
         return (f"drafter={self.drafter} budget={mode} {self.budget} width={self.width} "
                 f"depth={self.depth if self.depth is not None else 'head'} tree={self.tree} "
-                f"lookup={'on' if self.lookup else 'off'} overlap={'on' if self.overlap else 'off'}")
+                f"lookup={'on' if self.lookup else 'off'} overlap={'on' if self.overlap else 'off'} graphs={self.graphs}")
 
 
 def _raw_fields(server_args) -> dict:

@@ -155,6 +155,13 @@ class JetFlowWorker(BaseSpecWorker):
         self.paged_head = self.head is not None and (str(self.device).startswith("cuda")
                                                      or verify_backend(view) == TREE_TRITON)
         self.adaptive = self._make_budget() if self.cfg.adaptive else None
+        self.graphs = None  # JETFLOW_GRAPHS: the tree build and acceptance replayed per (batch bucket, budget)
+        if self.cfg.graphs != "off":
+            from jetflow_sglang.core.graphs import GraphRunner, default_backend
+
+            self.graphs = GraphRunner(default_backend(self.device), check=self.cfg.graphs == "check")
+            if self.head_drafter is not None:
+                self.head_drafter.runner = self.graphs
         self.generator = make_generator(server_args, self.device, offset=0x7E7F)  # the same on every TP rank
         # On SGLang's overlap scheduler the host runs a round ahead of the results: each request's committed length
         # on the host lags by the round in flight (its tree size: self._lag), and the next inputs arrive through the
@@ -252,6 +259,8 @@ class JetFlowWorker(BaseSpecWorker):
         if self.syncs is not None:
             out["host_syncs"] = self.syncs.snapshot()
             out["host_syncs_per_round"] = out["host_syncs"]["mean_plain"]  # outside grammar and penalty rounds
+        if self.graphs is not None:
+            out["graphs"] = self.graphs.snapshot()
         if self.adaptive is not None:  # its estimates at the last step's batch size: why it picks what it picks
             out["auto"] = self.adaptive.snapshot(max(1, out["last_batch"]))
         if self.pool is not None:  # head rows in use = target slots in use (running requests + radix cache)
@@ -445,7 +454,8 @@ class JetFlowWorker(BaseSpecWorker):
         info = batch.sampling_info  # the sort rule is read only where a sampled request needs it
         keep = None if info.is_all_greedy else truncation([r.sampling_params for r in batch.reqs],
                                                           out.next_token_logits.shape[-1])
-        return accept_batch(tree, out.next_token_logits, batch.sampling_info, self.width, self.generator, keep)
+        return accept_batch(tree, out.next_token_logits, batch.sampling_info, self.width, self.generator, keep,
+                            self.graphs)
 
     # -- commit: KV move, head rows, result ---------------------------------------------------------------------
     @torch.no_grad()

@@ -222,8 +222,11 @@ def default_target_servers(pool, args: list[str], spec_env: dict, plain_args: li
                         name=mode, shared=False)
 
     sync, overlap = jetflow("sync", "off"), jetflow("overlap", "on")
-    plain = plain_default(pool) if plain_args is None else \
-        pool.get(target, ["--dtype", "float32", *plain_args, *args], env=NO_TRITON, name="plain", shared=False)
+    if plain_args is None:
+        plain = plain_default(pool)
+    else:  # the module's own plain server; its greedy answers are read once for both scheduler modes
+        plain = pool.get(target, ["--dtype", "float32", *plain_args, *args], env=NO_TRITON, name="plain", shared=False)
+        plain.memo = True
     with pool.use(sync, overlap, plain) as up:
         yield (*up, str(target))
 

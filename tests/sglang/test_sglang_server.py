@@ -43,7 +43,11 @@ def servers(models, server_pool, request):
                                     "--enable-custom-logit-processor"],
                            # a fixed budget: accept lengths are deterministic (auto: test_sglang_serving)
                            env={"JETFLOW_OVERLAP": "on" if request.param == "overlap" else "off",
-                                "JETFLOW_COUNT_SYNCS": "1"}, name=f"server-{request.param}")
+                                "JETFLOW_COUNT_SYNCS": "1",
+                                # the overlap server replays its tree build and acceptance from captures (JETFLOW_
+                                # GRAPHS, core/graphs.py): every test of the module runs on the captured round too
+                                **({"JETFLOW_GRAPHS": "on"} if request.param == "overlap" else {})},
+                           name=f"server-{request.param}")
     plain = plain_tiny(server_pool, target)
     with server_pool.use(spec, plain) as up:
         yield up
@@ -214,6 +218,13 @@ def test_scheduler_mode(servers, request):
     overlap = request.node.callspec.params["servers"] == "overlap"
     assert info["disable_overlap_schedule"] is (not overlap)
     assert spec.jetflow_state()["overlap"] is overlap
+    graphs = spec.jetflow_state().get("graphs")  # captured pieces on the overlap server only
+    if overlap:
+        assert graphs["backend"] == "fx" and graphs["replays"] > graphs["captures"] > 0, graphs
+        assert any(k.startswith("tree ") for k in graphs["keys"]) and any(k.startswith("accept ") for k in
+                                                                          graphs["keys"]), graphs
+    else:
+        assert graphs is None
 
 
 def test_steady_state_rounds_do_not_wait_for_the_device(servers, tok, request):
