@@ -5,7 +5,8 @@ For each server configuration it starts `python -m sglang.launch_server` on 127.
   mixed          GSM8K and MT-Bench chat prompts (interleaved), at every concurrency level
   shared-prefix  one ~400-token system prompt + different questions (the radix cache serves the prefix)
 --sets replaces the mixed workload with one workload per held-out prompt set of ../shared/data (gsm8k, math500,
-humaneval, mtbench: the first --requests prompts of each, as chat messages). Each request streams, so TTFT (first
+humaneval, mtbench: the first --requests prompts of each, as chat messages; long1k and long4k: MATH-500 problems with
+their solutions, about 1k and 4k tokens of context, then one question about them). Each request streams, so TTFT (first
 chunk), TPOT (mean time per output token after the first), ITL (mean gap between streamed chunks, as SGLang's own
 client reports it: a speculative round streams several tokens at once) and end-to-end latency are measured per
 request; throughput is output tokens / wall time of the level; the accept length is the
@@ -76,10 +77,31 @@ SETS = {  # --sets name -> (file under SHARED_DATA, how a row gives its prompt):
 }
 
 
+LONG_SETS = {"long1k": 1000, "long4k": 4000}  # --sets name -> context tokens (MATH-500's LaTeX: ~2 characters each)
+
+
+def long_prompts(n: int, tokens: int) -> list[str]:
+    """n long-context prompts of about `tokens` tokens from held-out MATH-500 (problems with their worked solutions,
+    consecutive and different for each prompt), ending in one question about them: the head and the verify read the
+    whole context every round, and prompt lookup finds what the answer repeats."""
+    rows = [json.loads(ln) for ln in (SHARED_DATA / SETS["math500"][0]).read_text().splitlines() if ln.strip()]
+    out, k = [], 0
+    for _ in range(n):
+        doc = []
+        while sum(map(len, doc)) < 2 * tokens:
+            r = rows[k % len(rows)]
+            doc.append(f"Problem {len(doc) + 1}. {r['problem']}\nSolution. {r['solution']}\n\n")
+            k += 1
+        out.append("".join(doc) + "Restate the final answer of every problem above, one line each, in order.")
+    return out
+
+
 def load_set(name: str, n: int) -> list[str]:
-    """The first n prompts of a held-out set in ../shared/data (SETS)."""
+    """The first n prompts of a held-out set in ../shared/data (SETS), or n long-context ones (LONG_SETS)."""
     import gzip
 
+    if name in LONG_SETS:
+        return long_prompts(n, LONG_SETS[name])
     rel, prompt = SETS[name]
     path = SHARED_DATA / rel
     if not path.is_file():
@@ -498,7 +520,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dflash-blocks", default="8,16",
                     help="block sizes of the default run's dflash-bN configs, comma-separated (default 8,16; '' for "
                          "none)")
-    ap.add_argument("--sets", nargs="+", choices=sorted(SETS), default=None,
+    ap.add_argument("--sets", nargs="+", choices=sorted([*SETS, *LONG_SETS]), default=None,
                     help="one workload per held-out prompt set of ../shared/data instead of the mixed one")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--prefix-concurrency", type=int, nargs="*", default=[1, 4],

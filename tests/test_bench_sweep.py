@@ -19,6 +19,10 @@ def test_every_set_loads_held_out_prompts():
         assert len(prompts) == 3 and all(isinstance(p, str) and len(p) > 20 for p in prompts), name
     code = bench.load_set("humaneval", 1)[0]
     assert code.startswith("Complete this Python function.\n\n") and "def " in code
+    for name, tokens in bench.LONG_SETS.items():  # long contexts: different documents, about the size named
+        long = bench.load_set(name, 2)
+        assert long[0] != long[1] and all(2 * tokens <= len(p) < 2 * tokens + 6000 for p in long), name
+        assert long[0].endswith("in order.") and "Solution." in long[0]
 
 
 def test_fixed_budget_config_names():
