@@ -62,7 +62,8 @@ from jetflow_sglang.machine import bf16_isa, cpu_model  # noqa: E402
 CONFIGS = ("nospec", "jetflow-b8", "jetflow-b16", "jetflow-default", "jetflow-auto", "ngram")  # the default run
 EXTRA = ("nospec-treenative",  # plain SGLang on JETFLOW's CPU attention backend: the backend's share of jetflow-b1
          "jetflow-auto-nolookup", "jetflow-b8-nolookup", "jetflow-b16-nolookup",  # JETFLOW_LOOKUP=off (the head alone)
-         "jetflow-default-overlap", "jetflow-b8-overlap")  # on SGLang's overlap scheduler (JETFLOW_OVERLAP=on)
+         "jetflow-default-overlap", "jetflow-b8-overlap",  # on SGLang's overlap scheduler (JETFLOW_OVERLAP=on)
+         "jetflow-default-graphs", "jetflow-b8-graphs")  # round pieces replayed from captures (JETFLOW_GRAPHS=on)
 SYSTEM = ("You are a careful assistant for a school. Answer the question that follows. Explain every step of your "
           "reasoning in plain words, check each number twice, keep units consistent, and end with a short summary "
           "sentence that states the final answer. Be polite and concise, avoid jargon, and never invent facts. ")
@@ -171,6 +172,8 @@ def config_args(name: str, head: str | None, drafter: str, dflash_head: str | No
         name, env = name.removesuffix("-overlap"), {**env, "JETFLOW_OVERLAP": "on"}
     if name.endswith("-nolookup"):  # without it JETFLOW_LOOKUP is auto: on for a CPU server
         name, env = name.removesuffix("-nolookup"), {**env, "JETFLOW_LOOKUP": "off"}
+    if name.endswith("-graphs"):  # the tree build and acceptance replayed from captures (core/graphs.py)
+        name, env = name.removesuffix("-graphs"), {**env, "JETFLOW_GRAPHS": "on"}
     if name == "nospec":
         return [], {}
     if name == "nospec-treenative":  # no speculation, the attention backend JETFLOW's CPU servers verify with

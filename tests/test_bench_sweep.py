@@ -33,6 +33,8 @@ def test_fixed_budget_config_names():
     assert args[args.index("--speculative-num-draft-tokens") + 1] == "32" and "JETFLOW_BUDGET" not in env
     args, _ = bench.config_args("jetflow-default", "HEAD", "jetflow")
     assert "--speculative-num-draft-tokens" not in args  # what a user gets with no budget flag
+    args, env = bench.config_args("jetflow-b8-graphs", "HEAD", "jetflow")
+    assert env["JETFLOW_GRAPHS"] == "on" and args[args.index("--speculative-num-draft-tokens") + 1] == "8"
 
 
 def _row(workload, config, tau, round_s):
