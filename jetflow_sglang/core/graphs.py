@@ -94,8 +94,12 @@ class _Capture:
                     fn(*self.static)
             torch.cuda.current_stream().wait_stream(side)
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph, pool=pool):
-                self.out = fn(*self.static)
+            try:
+                with torch.cuda.graph(self.graph, pool=pool):
+                    self.out = fn(*self.static)
+            except RuntimeError as e:  # a host wait inside the capture: CUDA refuses it
+                raise CaptureError(f"{getattr(fn, '__name__', fn)} cannot be captured: {str(e).splitlines()[0]}") \
+                    from e
         self.backend = backend
 
     def replay(self, inputs: list[torch.Tensor]) -> tuple:
