@@ -346,8 +346,8 @@ def test_custom_logit_processors_match_plain(servers, plain_sync, tok):
     """Custom logit processors run on every tree node as plain decoding runs them on each step, in one batch with a
     request that has none: SGLang's DisallowedTokensLogitsProcessor (stateless) and its no-repeat-n-gram processor,
     which reads the history (`__req__.output_ids`) and so must see each node's path (no trigram twice; a token at most
-    once in 8). Returned logprobs are read from the processed logits, as plain SGLang's are. The reference is the plain server without the overlap scheduler:
-    with it, the history a processor reads lags a round."""
+    once in 8). Returned logprobs are read from the processed logits, as plain SGLang's are. The reference is the
+    plain server without the overlap scheduler: with it, the history a processor reads lags a round."""
     spec, _ = servers
     banned, no_repeat = _processors()
     ids = [tok(p).input_ids for p in PROMPTS]
