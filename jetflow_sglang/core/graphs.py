@@ -3,8 +3,8 @@
 A piece is a function of tensors whose shapes are fixed by a key (its batch bucket, budget, ...): the tree build from
 the head's output, the acceptance. The runner keeps one capture per (piece, key) over static input buffers. A call
 pads its batch to the bucket (copies of row 0: a padded row changes no real row), copies the inputs in, replays,
-and returns the real rows of the static outputs, which stay valid until that capture's next replay (a caller that
-keeps them past it clones them).
+and returns the real rows of the outputs as tensors of their own (CUDA graphs write into static buffers that the next
+replay overwrites, and a round's results can outlive it: SGLang's overlap scheduler keeps the carry).
 
   cuda   torch.cuda.CUDAGraph: warm-up on a side stream, capture, replay (a GPU)
   fx     a fake-tensor ATen trace of the piece (make_fx), replayed: the CPU back end. The trace itself refuses a
@@ -151,7 +151,9 @@ class GraphRunner:
             want = fn(*padded)
             if len(want) != len(out) or not all(torch.equal(a, w) for a, w in zip(out, want)):
                 raise CaptureError(f"{name} at {key}: the replay differs from the eager piece")
-        return tuple(o[:b] for o in out)
+        if self.backend == "cuda":  # the graph's outputs live in its pool: the round's results outlive the next
+            return tuple(o[:b].clone() for o in out)  # replay (a carry SGLang filters later), so they are copied
+        return tuple(o[:b] for o in out)  # a replayed trace returns new tensors
 
     def snapshot(self) -> dict:
         return {"backend": self.backend, "captures": len(self.captures), "replays": self.replays,
