@@ -4,7 +4,9 @@ A launch is a key: (model, flags, environment). The first module that asks for a
 that asks for the same launch gets the same running server, so a server that several modules need starts once per
 session instead of once per module. A module holds its servers while it runs (`use`); a shared server nobody holds
 stays up (idle: --sleep-on-idle) until the session ends, or until starting another would pass MAX_LIVE live servers
-or leave less than MIN_AVAILABLE memory, when the least recently used idle one is stopped; a module's own launch
+or leave too little memory (sgl_server.make_room), when the least recently used idle one is stopped; a server `get`
+handed out counts as held from then on, so that the next start of the same fixture cannot stop it before `use` holds
+it, and a held server whose process died starts again (on a new port) when `use` waits for it; a module's own launch
 (shared=False) stops when the module lets go of it. Plain references memoise their greedy answers
 (`PooledServer.memo`): every module and scheduler mode that compares against the same request reads one answer.
 
@@ -12,8 +14,8 @@ Modules whose tests change a server's state (weights, pause, flushed caches on p
 own servers; servers from the pool serve requests only.
 
 Under pytest-xdist (JETFLOW_TEST_WORKERS=2 bash scripts/test.sh: whole modules per worker) every worker has its own
-pool; a start that would leave less than MIN_AVAILABLE memory first stops this pool's idle servers, then waits for the
-other worker's.
+pool; a start that would leave less than sgl_server.MIN_AVAILABLE memory first stops this pool's idle servers, then
+waits for the other worker's.
 """
 from __future__ import annotations
 
@@ -21,15 +23,13 @@ import copy
 import json
 import os
 import threading
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.sglang import sgl_server
 from tests.sglang.sgl_server import Server
 
 MAX_LIVE = int(os.environ.get("JETFLOW_TEST_MAX_SERVERS", "6"))  # a tiny server takes about 2.5 GB; SmolLM2 ~3.5 GB
-MIN_AVAILABLE = 6 << 30  # bytes: below this, idle servers stop before another starts
-MEMORY_WAIT_S = 600  # then the longest wait for memory another worker holds
 
 
 def _greedy(body: dict) -> bool:
@@ -46,13 +46,24 @@ class PooledServer(Server):
     def __init__(self, model, args, log, env=None, **kwargs):
         super().__init__(model, args, log, env=env, **kwargs)
         self.env_extra = env
-        self.users = 0
+        self.users = 0  # modules holding it (`ServerPool.use`)
+        self.pending = 0  # handed out by `get` and not yet held: not idle, so that no start in between stops it
+        self.restarts = 0
         self.shared = True
         self.ready = False
         self.memo = False
         self._answers: dict = {}
 
+    def hold(self) -> None:
+        self.users += 1
+        self.pending = max(0, self.pending - 1)
+
     def wait_ready(self) -> "PooledServer":
+        if self.ready and self.proc.poll() is not None:  # it died since it was last ready (a test says why): again
+            self.stop()
+            self.restarts += 1
+            self.ready = False
+            self._start()
         if not self.ready:
             super().wait_ready()
             self.ready = True
@@ -73,7 +84,8 @@ class ServerPool:
         self.live: dict[tuple, PooledServer] = {}  # in order of last use, most recent last
         self.starts: list[str] = []  # every start, for the session's report
         self.reuses = 0  # gets answered by a server that was already up
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a start under `get` may call `_evict_one` (sgl_server.make_room)
+        sgl_server.EVICTORS.append(self._evict_one)
 
     @staticmethod
     def key(model, args, env) -> tuple:
@@ -97,28 +109,30 @@ class ServerPool:
                 srv = PooledServer(str(model), list(args), log, env=env)
                 srv.shared = shared
                 self.starts.append(f"{name}: {model} {' '.join(map(str, args))} {dict(env or {})}")
+            srv.pending += 1
             self.live[key] = srv
             return srv
 
     def _make_room(self) -> None:
-        import psutil
+        """At most max_live live servers; memory is every start's own check (sgl_server.make_room), which asks
+        `_evict_one` for room."""
+        while len(self.live) >= self.max_live and self._evict_one():
+            pass
 
-        while len(self.live) >= self.max_live or psutil.virtual_memory().available < MIN_AVAILABLE:
-            idle = [k for k, s in self.live.items() if s.users == 0]
+    def _evict_one(self) -> bool:
+        """Stop the least recently used server nobody holds or was handed (`get`) without holding it yet."""
+        with self._lock:
+            idle = [k for k, s in self.live.items() if s.users == 0 and s.pending == 0]
             if not idle:
-                break
+                return False
             self.live.pop(idle[0]).stop()
-        # the other pytest-xdist worker's servers take memory this pool cannot stop: wait for its module to end (it
-        # lets its own launches go), then start one more rather than fail
-        deadline = time.monotonic() + (MEMORY_WAIT_S if os.environ.get("PYTEST_XDIST_WORKER") else 0)
-        while psutil.virtual_memory().available < MIN_AVAILABLE and time.monotonic() < deadline:
-            time.sleep(5)
+            return True
 
     @contextmanager
     def use(self, *servers: PooledServer):
         """Hold the servers (ready) while the block runs; they stay up for later users afterwards."""
         for s in servers:
-            s.users += 1
+            s.hold()
         try:
             yield tuple(s.wait_ready() for s in servers)
         finally:
@@ -129,6 +143,8 @@ class ServerPool:
                     s.stop()
 
     def stop_all(self) -> None:
+        if self._evict_one in sgl_server.EVICTORS:
+            sgl_server.EVICTORS.remove(self._evict_one)
         for srv in self.live.values():
             srv.stop()
         self.live.clear()

@@ -16,6 +16,39 @@ MEMORY_FLAGS = ["--max-total-tokens", "4096", "--max-running-requests", "4"]
 # An idle server without --sleep-on-idle busy-polls a whole core: with a module's two servers up on 2 cores, the idle
 # one halved the other's CPU, and 6 such servers made a benchmark level 0.21x (bench/results/RESULTS.md).
 IDLE_FLAGS = ["--sleep-on-idle"]
+# Memory: every start in a test process goes through `make_room` first. A server takes its memory (imports, weights,
+# the KV pool) over its first minute, so `available` does not show the starts still under way: each counts
+# STARTING_COST until it is ready or STARTING_S old. Below MIN_AVAILABLE, the session pool (pool.py) stops idle
+# servers it may stop (EVICTORS); under pytest-xdist the start then waits up to MEMORY_WAIT_S for the other worker's
+# module to let its servers go, and then starts rather than fail. (A start that ran past memory was killed by the
+# kernel mid-module: "connection refused" in whichever test asked next.)
+MIN_AVAILABLE = 6 << 30
+STARTING_COST, STARTING_S = 3 << 30, 120
+MEMORY_WAIT_S = 600
+EVICTORS: list = []  # callables: stop one idle server and say True, or say False
+_STARTED: list = []  # this process's servers, for the starts still under way
+
+
+def unseen_bytes() -> int:
+    now = time.monotonic()
+    return STARTING_COST * sum(1 for s in _STARTED if not s.seen_ready and now - s.started_at < STARTING_S
+                               and s.proc.poll() is None)
+
+
+def effective_available() -> int:
+    import psutil
+
+    return psutil.virtual_memory().available - unseen_bytes()
+
+
+def make_room() -> None:
+    while effective_available() < MIN_AVAILABLE and any(evict() for evict in EVICTORS):
+        pass
+    deadline = time.monotonic() + (MEMORY_WAIT_S if os.environ.get("PYTEST_XDIST_WORKER") else 0)
+    while effective_available() < MIN_AVAILABLE and time.monotonic() < deadline:
+        time.sleep(5)
+        while effective_available() < MIN_AVAILABLE and any(evict() for evict in EVICTORS):
+            pass
 
 
 def _ephemeral_low() -> int:
@@ -55,6 +88,9 @@ class Server:
                 "--host", "127.0.0.1", "--port", str(self.port), *MEMORY_FLAGS, *IDLE_FLAGS, *self._args]
 
     def _start(self) -> None:
+        make_room()
+        _STARTED[:] = [s for s in _STARTED if s.proc.poll() is None] + [self]
+        self.seen_ready, self.started_at = False, time.monotonic()
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log_f = open(self.log, "w")
@@ -82,6 +118,7 @@ class Server:
         for attempt in range(1, self.BIND_TRIES + 1):
             state = self._wait_once()
             if state == "ready":
+                self.seen_ready = True
                 return self
             log = self.tail()
             self.stop()

@@ -113,7 +113,7 @@ class _Pool:
         (sgl_server.PLAIN_DEFAULT: hidden states on, a KV pool of 16384 tokens), held while the module uses it."""
         if self.plain is None:
             self.plain = plain_default(self.session)
-            self.plain.users += 1
+            self.plain.hold()
         return self.plain
 
     def _let_go_of_plain(self) -> None:
