@@ -1,4 +1,4 @@
-"""Requests that run to the context length, on the default target with the shipped head (`--context-length 160`,
+"""Requests that run to the context length, on the default target with the shipped head (`--context-length 96`,
 budget 16), synchronous and on the overlap scheduler, against the plain server.
 
 A JETFLOW server died when a request came within a few tokens of its context length: SGLang reserves twice the draft
@@ -21,7 +21,7 @@ if os.environ.get("JETFLOW_SKIP_SGLANG") != "1":
     import sglang  # noqa: F401
 
 pytestmark = pytest.mark.slow
-CTX = 160
+CTX = 96  # the chat-templated prompts take about 35: each request decodes about 60 tokens to the end
 PROMPTS = ["Count from one to one hundred in words.", "Write a long poem about the sea.",
            "List the multiples of seven.", "Describe a city at night."]
 
@@ -83,7 +83,7 @@ def test_near_the_context_end_no_tree_node_passes_plain_decodings_last_position(
 
     worker = object.__new__(JetFlowWorker)
     worker.context_len = CTX
-    assert worker._room(100) >= 16
+    assert worker._room(CTX - 40) >= 16
     for committed in range(CTX - 24, CTX - 1):
         n = min(16, worker._room(committed))
         depths = torch.arange(n)[None]
