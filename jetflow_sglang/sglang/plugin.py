@@ -242,10 +242,10 @@ def register() -> None:
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS, register_attention_backend
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    from jetflow_sglang.sglang.attention.tree_native import NAME
-    from jetflow_sglang.sglang.attention.tree_triton import NAME as TRITON_NAME
+    from jetflow_sglang.sglang.attention.guard import TREE_NATIVE, TREE_TRITON  # names only: the backends' modules
+    # (SGLang's torch_native backend, the KV pools, 1.7 s of imports) load in the processes that build a backend
 
-    for name, factory in ((NAME, _create_backend), (TRITON_NAME, _create_triton_backend)):
+    for name, factory in ((TREE_NATIVE, _create_backend), (TREE_TRITON, _create_triton_backend)):
         if name not in ATTENTION_BACKENDS:
             register_attention_backend(name)(factory)
         if name not in ATTENTION_BACKEND_CHOICES:
