@@ -22,8 +22,10 @@ IDLE_FLAGS = ["--sleep-on-idle"]
 # servers it may stop (EVICTORS); under pytest-xdist the start then waits up to MEMORY_WAIT_S for the other worker's
 # module to let its servers go, and then starts rather than fail. (A start that ran past memory was killed by the
 # kernel mid-module: "connection refused" in whichever test asked next.)
-MIN_AVAILABLE = 6 << 30
-STARTING_COST, STARTING_S = 3 << 30, 120
+MIN_AVAILABLE = 4 << 30
+# measured on 2026-12-07 (available memory before and after): a SmolLM2 JETFLOW server 2.5 GB once ready (1.3 GB of
+# it after 20 s), a tiny one 1.6 GB
+STARTING_COST, STARTING_S = 5 << 29, 120
 MEMORY_WAIT_S = 600
 EVICTORS: list = []  # callables: stop one idle server and say True, or say False
 _STARTED: list = []  # this process's servers, for the starts still under way
