@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -84,7 +83,7 @@ class ServerPool:
         self.live: dict[tuple, PooledServer] = {}  # in order of last use, most recent last
         self.starts: list[str] = []  # every start, for the session's report
         self.reuses = 0  # gets answered by a server that was already up
-        self._lock = threading.RLock()  # a start under `get` may call `_evict_one` (sgl_server.make_room)
+        self._lock = sgl_server.GATE  # a start under `get` calls `_evict_one` (sgl_server.make_room): one lock
         sgl_server.EVICTORS.append(self._evict_one)
 
     @staticmethod

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -29,12 +30,17 @@ STARTING_COST, STARTING_S = 5 << 29, 120
 MEMORY_WAIT_S = 600
 EVICTORS: list = []  # callables: stop one idle server and say True, or say False
 _STARTED: list = []  # this process's servers, for the starts still under way
+# One lock for every start in this process and for the pool (pool.py uses it as its own): starts from several threads
+# (scripts/soak_server.py) see each other, and a start that asks the pool to stop a server cannot deadlock with a
+# `get` that starts one.
+GATE = threading.RLock()
 
 
 def unseen_bytes() -> int:
     now = time.monotonic()
-    return STARTING_COST * sum(1 for s in _STARTED if not s.seen_ready and now - s.started_at < STARTING_S
-                               and s.proc.poll() is None)
+    with GATE:
+        return STARTING_COST * sum(1 for s in _STARTED if not s.seen_ready and now - s.started_at < STARTING_S
+                                   and s.proc.poll() is None)
 
 
 def effective_available() -> int:
@@ -90,14 +96,15 @@ class Server:
                 "--host", "127.0.0.1", "--port", str(self.port), *MEMORY_FLAGS, *IDLE_FLAGS, *self._args]
 
     def _start(self) -> None:
-        make_room()
-        _STARTED[:] = [s for s in _STARTED if s.proc.poll() is None] + [self]
-        self.seen_ready, self.started_at = False, time.monotonic()
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._log_f = open(self.log, "w")
-        self.proc = subprocess.Popen(self._command(), stdout=self._log_f, stderr=subprocess.STDOUT, env=self._env,
-                                     start_new_session=True)
+        with GATE:
+            make_room()
+            self.seen_ready, self.started_at = False, time.monotonic()
+            self.port = free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
+            self._log_f = open(self.log, "w")
+            self.proc = subprocess.Popen(self._command(), stdout=self._log_f, stderr=subprocess.STDOUT,
+                                         env=self._env, start_new_session=True)
+            _STARTED[:] = [s for s in _STARTED if s.proc.poll() is None] + [self]
 
     def _wait_once(self) -> str:
         """'ready', 'bind' (uvicorn could not bind its port and the process stays up) or 'timeout'."""

@@ -114,3 +114,21 @@ def test_a_pooled_server_that_died_starts_again_when_used(tmp_path, monkeypatch)
             assert up.restarts == 1 and requests.get(up.url + "/health", timeout=5).ok
     finally:
         pool.stop_all()
+
+
+def test_starts_from_several_threads_see_each_other(tmp_path, monkeypatch):
+    """scripts/soak_server.py starts its servers from threads: each start's memory check reads the others' (CI
+    2026-12-07: a check read a server that had no process yet and raised)."""
+    import concurrent.futures as cf
+
+    _fake_launches(tmp_path, monkeypatch)
+    with cf.ThreadPoolExecutor(4) as ex:
+        servers = list(ex.map(lambda i: Server("unused", [], tmp_path / f"s{i}.log", timeout=60), range(4)))
+    try:
+        assert sgl_server.unseen_bytes() == 4 * sgl_server.STARTING_COST  # four starts under way, each counted
+        for s in servers:
+            s.wait_ready()
+        assert sgl_server.unseen_bytes() == 0
+    finally:
+        for s in servers:
+            s.stop()
