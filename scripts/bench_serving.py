@@ -622,7 +622,8 @@ def main(argv=None) -> int:
         args, env = config_args(name, head, drafter, dflash_head)
         if a.count_syncs and "JETFLOW" in args:
             env = {**env, "JETFLOW_COUNT_SYNCS": "1"}
-        srv = Server(model, [*common, *args], logs / f"{name}.log", env={**env, "OMP_NUM_THREADS": str(a.threads)})
+        srv = Server(model, [*common, *args], logs / f"{name}.log", env={**env, "OMP_NUM_THREADS": str(a.threads)},
+                     spawn=True)  # launched as users launch it
         try:
             srv.wait_ready()
             stream_one(srv.url, mixed[0], 4)  # warm-up

@@ -64,7 +64,7 @@ class DeviceServer(Server):
 
 def serve(device: str, model, args: list[str], log: Path, env: dict) -> Server:
     cpu = {"JETFLOW_SGLANG_CPU": "1" if device == "cpu" else "0"}
-    return DeviceServer(device, str(model), args, log, env={**cpu, **env}).wait_ready()
+    return DeviceServer(device, str(model), args, log, env={**cpu, **env}, spawn=True).wait_ready()  # as users
 
 
 def mixed_batch(srv: Server, vocab: int) -> list[dict]:

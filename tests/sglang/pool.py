@@ -87,14 +87,16 @@ class ServerPool:
         sgl_server.EVICTORS.append(self._evict_one)
 
     @staticmethod
-    def key(model, args, env) -> tuple:
-        return str(model), tuple(str(a) for a in args), tuple(sorted((env or {}).items()))
+    def key(model, args, env, spawn: bool = False) -> tuple:
+        env = tuple(sorted((env or {}).items()))
+        return str(model), tuple(str(a) for a in args), env, spawn or sgl_server.SPAWN_ALL
 
     def get(self, model, args: list[str], env: dict | None = None, name: str = "server",
-            shared: bool = True) -> PooledServer:
+            shared: bool = True, spawn: bool = False) -> PooledServer:
         """The pool's server for this launch, started (not waited for) if it is not up. shared=False: a launch only
-        this module makes; it stops when the module lets go of it (`use`)."""
-        key = self.key(model, args, env)
+        this module makes; it stops when the module lets go of it (`use`). spawn: launched as users do
+        (sgl_server.Server)."""
+        key = self.key(model, args, env, spawn)
         with self._lock:
             srv = self.live.pop(key, None)
             if srv is not None and srv.proc.poll() is not None:  # it died: a test will have said so; start again
@@ -105,7 +107,7 @@ class ServerPool:
             else:
                 self._make_room()
                 log = self.root / f"{len(self.starts):02d}-{name}.log"
-                srv = PooledServer(str(model), list(args), log, env=env)
+                srv = PooledServer(str(model), list(args), log, env=env, spawn=spawn)
                 srv.shared = shared
                 self.starts.append(f"{name}: {model} {' '.join(map(str, args))} {dict(env or {})}")
             srv.pending += 1
@@ -138,7 +140,7 @@ class ServerPool:
             for s in servers:
                 s.users -= 1
                 if s.users == 0 and not s.shared:
-                    self.live.pop(self.key(s._model, s._args, s.env_extra), None)
+                    self.live.pop(self.key(s._model, s._args, s.env_extra, s.spawn), None)
                     s.stop()
 
     def stop_all(self) -> None:

@@ -94,7 +94,8 @@ def shared_head(target, seed: int = 1, causal: bool = True) -> Path:
                            seed, causal)
 
 
-def tiny_jetflow_server(root: Path, family: str, budget: int, *extra: str, env: dict | None = None):
+def tiny_jetflow_server(root: Path, family: str, budget: int, *extra: str, env: dict | None = None,
+                        spawn: bool = False):
     """Yields a started float32 JETFLOW server on a tiny random Qwen3/Qwen2 target with a tiny head (and `extra`
     flags, `env` on top of the test environment), and the target's folder; the server is stopped afterwards (a module
     fixture's body)."""
@@ -102,7 +103,7 @@ def tiny_jetflow_server(root: Path, family: str, budget: int, *extra: str, env: 
 
     target = _build_tiny(root / f"tiny-{family.lower()}", family, 0)
     head = build_tiny_head(target, root / "tiny-head")
-    srv = jetflow_server(target, head, root / "server.log", budget, *extra, env=env)
+    srv = jetflow_server(target, head, root / "server.log", budget, *extra, env=env, spawn=spawn)
     try:
         yield srv.wait_ready(), target
     finally:

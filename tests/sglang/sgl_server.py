@@ -34,6 +34,11 @@ _STARTED: list = []  # this process's servers, for the starts still under way
 # (scripts/soak_server.py) see each other, and a start that asks the pool to stop a server cannot deadlock with a
 # `get` that starts one.
 GATE = threading.RLock()
+# How test servers start: forked children by default (fork_launch.py: a third of the CPU a start takes), or as users
+# launch them, `python -m sglang.launch_server` with spawned children, for the modules that test start-up itself
+# (Server(spawn=True)) and for every server with JETFLOW_TEST_LAUNCH=spawn.
+SPAWN_ALL = os.environ.get("JETFLOW_TEST_LAUNCH", "fork") == "spawn"
+FORK_LAUNCHER = str(Path(__file__).with_name("fork_launch.py"))
 
 
 def unseen_bytes() -> int:
@@ -85,14 +90,17 @@ def free_port() -> int:
 class Server:
     BIND_TRIES = 3  # a port taken between free_port() and the server's bind is retried on another
 
-    def __init__(self, model: str, args: list[str], log: Path, env: dict | None = None, timeout: float = 420):
+    def __init__(self, model: str, args: list[str], log: Path, env: dict | None = None, timeout: float = 420,
+                 spawn: bool = False):
         self._model, self._args, self.log, self.timeout = model, list(args), log, timeout
+        self.spawn = spawn or SPAWN_ALL
         self._env = {**os.environ, "JETFLOW_SGLANG_CPU": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
                      **(env or {})}
         self._start()
 
     def _command(self) -> list[str]:
-        return [sys.executable, "-m", "sglang.launch_server", "--model-path", self._model, "--device", "cpu",
+        launcher = ["-m", "sglang.launch_server"] if self.spawn else [FORK_LAUNCHER]
+        return [sys.executable, *launcher, "--model-path", self._model, "--device", "cpu",
                 "--host", "127.0.0.1", "--port", str(self.port), *MEMORY_FLAGS, *IDLE_FLAGS, *self._args]
 
     def _start(self) -> None:
@@ -187,11 +195,12 @@ def running(*servers: Server):
             s.stop()
 
 
-def jetflow_server(target, head, log: Path, budget: int, *extra: str, env: dict | None = None) -> Server:
+def jetflow_server(target, head, log: Path, budget: int, *extra: str, env: dict | None = None,
+                   spawn: bool = False) -> Server:
     """A float32 JETFLOW server on a tiny target with a tiny head (starting: call wait_ready)."""
     return Server(str(target), ["--dtype", "float32", "--speculative-algorithm", "JETFLOW",
                                 "--speculative-draft-model-path", str(head), "--speculative-num-draft-tokens",
-                                str(budget), *extra], log, env=env)
+                                str(budget), *extra], log, env=env, spawn=spawn)
 
 
 def process_tree_cpu_s(*pids: int, include_self: bool = False) -> float:

@@ -121,7 +121,7 @@ BAD = [  # (path, raw JSON body)
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    for srv, _ in tiny_jetflow_server(tmp_path_factory.mktemp("rg"), "Qwen3", 4, "--disable-radix-cache"):
+    for srv, _ in tiny_jetflow_server(tmp_path_factory.mktemp("rg"), "Qwen3", 4, "--disable-radix-cache", spawn=True):
         yield srv
 
 

@@ -105,8 +105,8 @@ def test_plain_server_answers_as_without_the_plugin(server_pool):
 
     target = shared_tiny()
     # two fresh servers (the shared plain one has served other modules: its /server_info counters differ)
-    on = server_pool.get(target, PLAIN, name="scope-on", shared=False)
-    off = server_pool.get(target, PLAIN, env=OFF, name="scope-off", shared=False)
+    on = server_pool.get(target, PLAIN, name="scope-on", shared=False, spawn=True)  # every process loads plugins
+    off = server_pool.get(target, PLAIN, env=OFF, name="scope-off", shared=False, spawn=True)
     ids = AutoTokenizer.from_pretrained(target)("The quick brown fox").input_ids
     with server_pool.use(on, off):
         for route, body in _requests(ids):
@@ -126,7 +126,7 @@ def test_ngram_launch_ends_as_without_the_plugin(tmp_path):
     target = shared_tiny()
     ends = []
     for name, env in (("on", {}), ("off", OFF)):
-        srv = Server(str(target), NGRAM_STOCK, tmp_path / f"ngram-{name}.log", env=env)
+        srv = Server(str(target), NGRAM_STOCK, tmp_path / f"ngram-{name}.log", env=env, spawn=True)
         with pytest.raises(RuntimeError, match="exited"):
             srv.wait_ready()
         log = srv.log.read_text(errors="replace")
@@ -141,7 +141,7 @@ def test_guard_all_opts_other_servers_in(server_pool):
     from transformers import AutoTokenizer
 
     target = shared_tiny()
-    srv = server_pool.get(target, PLAIN, env={"JETFLOW_GUARD_ALL": "1"}, name="guard-all", shared=False)
+    srv = server_pool.get(target, PLAIN, env={"JETFLOW_GUARD_ALL": "1"}, name="guard-all", shared=False, spawn=True)
     ids = AutoTokenizer.from_pretrained(target)("The quick brown fox").input_ids
     with server_pool.use(srv):
         status, body = _send(srv, "/generate", _requests(ids)[4][1])

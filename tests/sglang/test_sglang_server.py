@@ -47,7 +47,7 @@ def servers(models, server_pool, request):
                                 # the overlap server replays its tree build and acceptance from captures (JETFLOW_
                                 # GRAPHS, core/graphs.py): every test of the module runs on the captured round too
                                 **({"JETFLOW_GRAPHS": "on"} if request.param == "overlap" else {})},
-                           name=f"server-{request.param}")
+                           name=f"server-{request.param}", spawn=True)  # launched as users do (sgl_server)
     plain = plain_tiny(server_pool, target)
     with server_pool.use(spec, plain) as up:
         yield up

@@ -30,7 +30,7 @@ def setup(tmp_path_factory):
     """On the overlap scheduler only: tokenizer workers sit in front of the scheduler and never see its mode (a
     synchronous twin of this server ran here until 2026-12-07)."""
     for srv, target in tiny_jetflow_server(tmp_path_factory.mktemp("tokw"), "Qwen3", 6, "--tokenizer-worker-num", "2",
-                                           env={"JETFLOW_OVERLAP": "on"}):
+                                           env={"JETFLOW_OVERLAP": "on"}, spawn=True):
         yield srv, str(target)
 
 

@@ -49,7 +49,7 @@ def prompt_ids(models):
 
 
 def _serve(model, args, log, env=None):
-    return Server(model, ["--dtype", "float32", *args], log, env={**CPU_BIND, **(env or {})}).wait_ready()
+    return Server(model, ["--dtype", "float32", *args], log, env={**CPU_BIND, **(env or {})}, spawn=True).wait_ready()
 
 
 def _run(server, prompt_ids, concurrent: int):
