@@ -49,9 +49,6 @@ SERVING = [
     ("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request", "fixes/request_guard.py",
      "empty prompts, out-of-vocabulary ids and unbounded sampling or logprob "
      "values get a 400 instead of ending the scheduler"),
-    ("sglang.srt.entrypoints.http_server.app", "fixes/request_guard.py",
-     "an ASGI middleware added at import (in a tokenizer worker, when its plugins load): non-object JSON bodies and "
-     "crashes inside body validation get a 400"),
     ("sglang.srt.entrypoints.http_server.write_data_for_multi_tokenizer", "fixes/request_guard.py",
      "--tokenizer-worker-num > 1: the launcher hands scheduler_info to SGLang's tokenizer workers as a dict whose "
      "unpickling loads the plugins there first (SGLang 0.5.23 does not), so JETFLOW's name and the request guard "

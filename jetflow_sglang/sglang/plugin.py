@@ -42,6 +42,13 @@ def _in_cli() -> bool:
     return Path(sys.argv[0] if sys.argv else "").name in ("sglang", "launch_server.py")
 
 
+def _cli_launcher() -> bool:
+    """The CLI's own process (not a scheduler or worker that multiprocessing started from it)."""
+    import multiprocessing
+
+    return _in_cli() and multiprocessing.parent_process() is None
+
+
 def fail(err: Exception):
     """Report a JETFLOW launch error: one line on stderr and exit code 2 in the CLI, the exception otherwise."""
     if _in_cli():
@@ -224,7 +231,7 @@ def install_patches() -> None:
     from jetflow_sglang.sglang.compat import check
 
     check()
-    request_guard.install()
+    request_guard.install(launcher=_cli_launcher())
     memory.install()
     memory.install_row_headroom()
     _PATCHED.append(True)
@@ -260,4 +267,4 @@ def register() -> None:
     elif os.environ.get(GUARD_ALL_ENV) == "1":
         from jetflow_sglang.sglang.fixes import request_guard
 
-        request_guard.install()
+        request_guard.install(launcher=_cli_launcher())

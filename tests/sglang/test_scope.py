@@ -130,7 +130,8 @@ def test_ngram_launch_ends_as_without_the_plugin(tmp_path):
         with pytest.raises(RuntimeError, match="exited"):
             srv.wait_ready()
         log = srv.log.read_text(errors="replace")
-        errors = [ln for ln in log.splitlines() if "Error:" in ln and not ln.startswith(" ")]
+        # the exception lines (SGLang's crash diagnostics may log a "Pyspy failed ... Error:" line after them)
+        errors = [ln for ln in log.splitlines() if re.match(r"[A-Za-z_.]*(Error|Exception): ", ln)]
         assert errors and "jetflow_sglang" not in log, log[-2000:]
         ends.append(re.sub(r"\d+(\.\d+)?", "#", errors[-1]))  # numbers: the memory free at that launch
     assert ends[0] == ends[1], ends
@@ -146,6 +147,4 @@ def test_guard_all_opts_other_servers_in(server_pool):
     with server_pool.use(srv):
         status, body = _send(srv, "/generate", _requests(ids)[4][1])
         assert status == 400 and "n = " in str(body), (status, body)
-        status, body = _send(srv, "/v1/completions", b"[1, 2]")
-        assert status == 400 and "JSON object" in str(body), (status, body)
         assert _send(srv, *_requests(ids)[0])[0] == 200

@@ -6,24 +6,18 @@ Engines; in every SGLang server with the opt-in JETFLOW_GUARD_ALL=1, see plugin.
    where the rotary embedding / embedding lookup raises and the scheduler process exits (with or without JETFLOW).
    `TokenizerManager._validate_one_request`, which every generate path (text, token ids, batches, OpenAI completions
    and chat) calls with the final token ids, is wrapped to raise ValueError there; SGLang answers it with HTTP 400.
-2. Request bodies. A JSON body that is not an object (`[1, 2]`, `"hi"`, `null`) posted to an OpenAI route makes a
-   pydantic before-validator call `.get` on it: HTTP 500 with a traceback in the log. An ASGI middleware on SGLang's
-   FastAPI app answers such bodies with 400 before any route runs. The same middleware answers 400 (instead of
-   500) when a route's body validation itself crashes on a wrongly typed nested value (e.g. `"response_format":
-   "abc"`: the same `.get` on a str); exceptions raised anywhere else still propagate. It is added when `sglang.srt.entrypoints.
-   http_server` is first imported (a post-import hook), so processes that never serve HTTP do not pay its import.
-3. Limits SGLang 0.5.23 does not check, each of which takes a scheduler down (or, for `n`, lets one request queue
+2. Limits SGLang 0.5.23 does not check, each of which takes a scheduler down (or, for `n`, lets one request queue
    unbounded work): `top_k` above int32 (overflow in the scheduler's sampling tensors), top logprobs beyond the
    vocabulary ("selected index k out of range"), a negative `logprob_start_len` other than -1 (an assertion in the
    logprob result processing of speculative servers), and `n` above MAX_N. Checked in the same wrapper as 1, with a
    one-line ValueError that names the field (HTTP 400). `top_k` between the vocabulary and int32 stays allowed: the
    plain server treats it as the whole vocabulary, and clients send such values.
-4. `input_embeds` (served with `--disable-radix-cache`). Rows of the wrong width or of unequal widths end the
+3. `input_embeds` (served with `--disable-radix-cache`). Rows of the wrong width or of unequal widths end the
    scheduler in the first layer, and SGLang casts every input_embeds batch to bfloat16
    (`ModelRunner._extend_forward_kwargs`), so a float32 or float16 model's first layer fails on any of them. Checked
    in the same wrapper: a 400 naming the model's hidden size or dtype. (An empty list gets SGLang's own 500 before
    the wrapper runs; the server stays up.)
-5. `--tokenizer-worker-num N` (N > 1): SGLang's HTTP tokenizer workers load the plugins too.
+4. `--tokenizer-worker-num N` (N > 1): SGLang's HTTP tokenizer workers load the plugins too.
    
    SGLang 0.5.23 calls `load_plugins()` in the launcher, the schedulers and the detokenizer, but not in the tokenizer
    workers that uvicorn spawns in multi-tokenizer mode (upstream PR sgl-project/sglang#38464 is open). There the
@@ -37,19 +31,18 @@ Engines; in every SGLang server with the opt-in JETFLOW_GUARD_ALL=1, see plugin.
    plugins load in each worker before its tokenizer manager is built, with the request guard that the launcher has (it
    hands over this dict only where the guard is installed: JETFLOW servers, or JETFLOW_GUARD_ALL=1), and nothing else
    in the worker changes.
+
+Not guarded: bodies that are not JSON objects (`[1, 2]` to an OpenAI route) or whose nested values crash FastAPI's body
+validation (`"response_format": "abc"`) get SGLang's own HTTP 500 and the server stays up, exactly as on a plain
+server; docs/UPSTREAM.md describes the upstream change that would make them a 400.
 """
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import json
-import logging
+import importlib
 import sys
 
-logger = logging.getLogger(__name__)
 TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
 HTTP_MODULE = "sglang.srt.entrypoints.http_server"
-OBJECT_ROUTES = "/v1/"  # every OpenAI-compatible route takes a JSON object
 MAX_N = 128  # parallel samples per request (`n`); OpenAI's own limit
 INT32_MAX = 2**31 - 1
 
@@ -69,7 +62,7 @@ def check_input_ids(input_ids, vocab_size: int | None) -> None:
 
 
 def check_limits(obj, vocab_size: int | None) -> None:
-    """Raise ValueError (one line, naming the field) for the sampling and logprob values in section 3 above.
+    """Raise ValueError (one line, naming the field) for the sampling and logprob values in section 2 above.
     obj: one (already split) GenerateReqInput; its sampling_params is a dict."""
     params = getattr(obj, "sampling_params", None) or {}
     if not isinstance(params, dict):
@@ -90,7 +83,7 @@ def check_limits(obj, vocab_size: int | None) -> None:
 
 
 def check_input_embeds(embeds, hidden_size: int | None, dtype) -> None:
-    """Raise ValueError (one line) for the input_embeds of section 4 above; None (token input) passes."""
+    """Raise ValueError (one line) for the input_embeds of section 3 above; None (token input) passes."""
     if embeds is None:
         return
     if len(embeds) == 0:
@@ -116,129 +109,7 @@ def _around_validate(original, self, obj, input_ids, *args, **kwargs):
     return original(self, obj, input_ids, *args, **kwargs)
 
 
-# -- 2. request bodies ---------------------------------------------------------------------------------------
-def body_is_non_object_json(body: bytes) -> bool:
-    """True when `body` is valid JSON but not an object (invalid JSON is left to SGLang's own 400)."""
-    try:
-        value = json.loads(body) if body.strip() else {}
-    except ValueError:
-        return False
-    return not isinstance(value, dict)
-
-
-VALIDATION_FRAMES = ("request_body_to_args", "_validate_value_with_model_field")  # FastAPI's body validation
-
-
-def raised_validating_body(exc: BaseException) -> bool:
-    """True when `exc` was raised inside FastAPI's request-body validation (a validator crashed on the input)."""
-    tb = exc.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code.co_name in VALIDATION_FRAMES:
-            return True
-        tb = tb.tb_next
-    return False
-
-
-async def _send_400(send, message: str) -> None:
-    payload = json.dumps({"object": "error", "message": message, "type": "BadRequestError", "param": None,
-                          "code": 400}).encode()
-    await send({"type": "http.response.start", "status": 400,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
-    await send({"type": "http.response.body", "body": payload})
-
-
-class JsonObjectBodyMiddleware:
-    """ASGI middleware: POST bodies to /v1/* must be JSON objects, and a crash inside body validation of any POST
-    route is the client's 400, not a 500."""
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope.get("type") != "http" or scope.get("method") != "POST":
-            return await self.app(scope, receive, send)
-        started = False
-
-        async def send_tracked(message):
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self._post(scope, receive, send_tracked)
-        except Exception as e:  # noqa: BLE001 - re-raised unless it is a body-validation crash
-            if started or not raised_validating_body(e):
-                raise
-            logger.warning("rejected a request body that crashed validation on %s: %s: %s", scope.get("path"),
-                           type(e).__name__, e)
-            await _send_400(send, f"Invalid request body: {type(e).__name__}: {e}")
-
-    async def _post(self, scope, receive, send):
-        if not str(scope.get("path", "")).startswith(OBJECT_ROUTES):
-            return await self.app(scope, receive, send)
-        chunks, more = [], True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":  # client went away: nothing to answer
-                return
-            chunks.append(message.get("body", b""))
-            more = message.get("more_body", False)
-        body = b"".join(chunks)
-        if body_is_non_object_json(body):
-            return await _send_400(send, "The request body must be a JSON object")
-        replayed = False
-
-        async def replay():
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
-
-
-def _install_http(module) -> None:
-    """The body check on SGLang's FastAPI app, and the plugins (this guard among them) in its tokenizer workers."""
-    from starlette.middleware import Middleware
-
-    app = getattr(module, "app", None)
-    if app is None or getattr(app, "_jetflow_body_guard", False):
-        return
-    app.user_middleware.insert(0, Middleware(JsonObjectBodyMiddleware))  # what app.add_middleware does, and:
-    if app.middleware_stack is not None:  # a tokenizer worker loads the plugins inside the app's lifespan
-        app.middleware_stack = app.build_middleware_stack()
-    app._jetflow_body_guard = True
-    _install_tokenizer_workers(module)
-
-
-class _Loader(importlib.abc.Loader):
-    def __init__(self, inner):
-        self.inner = inner
-
-    def create_module(self, spec):
-        return self.inner.create_module(spec)
-
-    def exec_module(self, module):
-        self.inner.exec_module(module)
-        _install_http(module)
-
-
-class _PostImportHook(importlib.abc.MetaPathFinder):
-    """Runs _install_http right after SGLang's http_server module is executed."""
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != HTTP_MODULE:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return None
-        spec.loader = _Loader(spec.loader)
-        return spec
-
-
-# -- 5. tokenizer workers ----------------------------------------------------------------------------------------
+# -- 4. tokenizer workers ----------------------------------------------------------------------------------------
 def _load_plugins_then(info: dict) -> dict:
     from sglang.srt.plugins import load_plugins
 
@@ -267,9 +138,11 @@ def _install_tokenizer_workers(http_server) -> None:
     wrap(http_server, "write_data_for_multi_tokenizer", make)
 
 
-def install() -> None:
-    """Wrap the tokenizer manager's request check (section 1, 3, 4) and add the body check (section 2) to SGLang's
-    FastAPI app: now if it is imported already, else when it is. Once per process."""
+def install(launcher: bool = False) -> None:
+    """Wrap the tokenizer manager's request check (sections 1-3) and, in an HTTP server's launcher, the hand-over to
+    its tokenizer workers (section 4): `launcher` is the CLI's process (`sglang serve`, `python -m
+    sglang.launch_server`), which imports SGLang's http_server right after the arguments resolve; a program that
+    calls http_server.launch_server has imported it already. Once per process."""
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
     from jetflow_sglang.sglang.compat import wrap
@@ -280,7 +153,5 @@ def install() -> None:
         return _validate_one_request
 
     wrap(TokenizerManager, "_validate_one_request", make)
-    if HTTP_MODULE in sys.modules:
-        _install_http(sys.modules[HTTP_MODULE])
-    elif not any(isinstance(f, _PostImportHook) for f in sys.meta_path):
-        sys.meta_path.insert(0, _PostImportHook())
+    if launcher or HTTP_MODULE in sys.modules:  # an Engine without HTTP has no tokenizer workers to hand over to
+        _install_tokenizer_workers(importlib.import_module(HTTP_MODULE))
