@@ -6,9 +6,10 @@ tiny server took to get ready were the same imports three times (the launcher, t
 the launcher imports the scheduler's and detokenizer's modules once, before SGLang forces "spawn", and every child is
 forked from it: 14 CPU-seconds until ready, the same answers. On a CPU nothing else changes (there is no CUDA context
 to inherit). What fork would hide: a patch or registration that a spawned child fails to make itself, inherited here
-from the launcher. The modules that test start-up itself (the end-to-end server, the plugin's scope, tokenizer
-workers, TP/DP, the request guard, the default model) launch as users do (sgl_server.Server(spawn=True)), and
-JETFLOW_TEST_LAUNCH=spawn launches every test server that way.
+from the launcher. The servers whose subject is start-up itself launch as users do (sgl_server.Server(spawn=True)):
+the end-to-end module's JETFLOW servers (both schedulers), the plugin's scope (a plain server with and without the
+plugin), tokenizer workers and TP/DP; so do the benchmark's and the GPU check's. JETFLOW_TEST_LAUNCH=spawn launches
+every test server that way.
 
 Usage: python tests/sglang/fork_launch.py <sglang.launch_server arguments>
 """

@@ -319,6 +319,10 @@ def test_constraints_hold_when_sampled(runs, program):
                 typ(c["text"])
 
 
+def _outcomes(calls: list[dict]) -> list:
+    return [(c["text"][:40], c["meta"]["completion_tokens"], c["meta"]["finish_reason"]) for c in calls]
+
+
 @pytest.mark.parametrize("program", SAMPLED)
 def test_sampled_program_completes(runs, program):
     for name in ("jetflow", "plain"):
@@ -326,7 +330,13 @@ def test_sampled_program_completes(runs, program):
         for c in calls:
             assert c["temperature"] > 0, c
             _check_call(c, f"{name}/{program}")
-        assert any(c["text"].strip() for c in calls), (name, program, calls)
+        if name == "plain" and not any(c["text"].strip() for c in calls):
+            # the reference, not the product: a sampled run that says nothing (seen once in CI, mt_bench on plain,
+            # 2026-12-07) is run once more before it fails the module; JETFLOW's run gets no second try
+            first = _outcomes(calls)
+            calls = _run_all(runs[name]["sampled"].url, [(None, SAMPLED_MAX_TOKENS, [program])])[0].of(program)
+            assert any(c["text"].strip() for c in calls), (name, program, first, _outcomes(calls))
+        assert any(c["text"].strip() for c in calls), (name, program, _outcomes(calls))
         if program == "stream":
             assert all(c["kind"] == "stream" and c["chunks"] > 0 for c in calls), calls
 

@@ -109,7 +109,7 @@ SGLANG_OWN = [
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    for srv, _ in tiny_jetflow_server(tmp_path_factory.mktemp("rg"), "Qwen3", 4, "--disable-radix-cache", spawn=True):
+    for srv, _ in tiny_jetflow_server(tmp_path_factory.mktemp("rg"), "Qwen3", 4, "--disable-radix-cache"):
         yield srv
 
 

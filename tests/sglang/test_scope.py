@@ -126,7 +126,7 @@ def test_ngram_launch_ends_as_without_the_plugin(tmp_path):
     target = shared_tiny()
     ends = []
     for name, env in (("on", {}), ("off", OFF)):
-        srv = Server(str(target), NGRAM_STOCK, tmp_path / f"ngram-{name}.log", env=env, spawn=True)
+        srv = Server(str(target), NGRAM_STOCK, tmp_path / f"ngram-{name}.log", env=env)
         with pytest.raises(RuntimeError, match="exited"):
             srv.wait_ready()
         log = srv.log.read_text(errors="replace")
@@ -142,7 +142,7 @@ def test_guard_all_opts_other_servers_in(server_pool):
     from transformers import AutoTokenizer
 
     target = shared_tiny()
-    srv = server_pool.get(target, PLAIN, env={"JETFLOW_GUARD_ALL": "1"}, name="guard-all", shared=False, spawn=True)
+    srv = server_pool.get(target, PLAIN, env={"JETFLOW_GUARD_ALL": "1"}, name="guard-all", shared=False)
     ids = AutoTokenizer.from_pretrained(target)("The quick brown fox").input_ids
     with server_pool.use(srv):
         status, body = _send(srv, "/generate", _requests(ids)[4][1])

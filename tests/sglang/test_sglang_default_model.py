@@ -37,7 +37,7 @@ def default(tmp_path_factory):
     if shipped:
         args += ["--speculative-draft-model-path", head]
     srv = Server(target, args, tmp_path_factory.mktemp("sgl_default") / "server.log",
-                 env=None if shipped else {"JETFLOW_DRAFTER": "ngram"}, spawn=True)  # as a user launches it
+                 env=None if shipped else {"JETFLOW_DRAFTER": "ngram"})
     try:
         yield srv.wait_ready(), target, shipped
     finally:
