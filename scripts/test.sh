@@ -15,6 +15,6 @@ if [ "$#" -gt 0 ]; then
 fi
 SERIAL=(tests/test_viz_browser.py tests/sglang/test_bench_accounting.py)
 rc=0
-"${PYTEST[@]}" -n "${JETFLOW_TEST_WORKERS:-2}" --dist loadfile "${SERIAL[@]/#/--ignore=}" tests || rc=$?
+"${PYTEST[@]}" -n "${JETFLOW_TEST_WORKERS:-3}" --dist loadfile "${SERIAL[@]/#/--ignore=}" tests || rc=$?
 "${PYTEST[@]}" "${SERIAL[@]}" || rc=$?
 exit "$rc"
