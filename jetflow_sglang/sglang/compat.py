@@ -40,11 +40,12 @@ ATTRS = {
 # Every SGLang function or object the plugin changes at run time, in one list (no SGLang file on disk is modified;
 # everything else goes through SGLang's own plugin API: the algorithm registry, register_attention_backend, resolution
 # hooks). (dotted target, the module that wraps it, why). check() verifies each target exists in the installed SGLang,
-# and docs/UPSTREAM.md names, for each, the SGLang change that would retire it. Three groups:
+# and docs/UPSTREAM.md names, for each, the SGLang change that would retire it. Four groups:
 # - SERVING: fixes of SGLang that a JETFLOW server needs, installed only in its own processes (plugin.install_patches
 #   and the worker);
 # - CPU_HARNESS: what lets SGLang serve on a machine without a GPU (JETFLOW_SGLANG_CPU=1, or a CPU target);
-# - BENCHMARK: SGLang's DFLASH as a CPU peer for the benchmark, never installed by the plugin.
+# - BENCHMARK: SGLang's DFLASH as a CPU peer for the benchmark, never installed by the plugin;
+# - DIAGNOSTIC: the host-sync counter's swaps of two torch methods, with JETFLOW_COUNT_SYNCS=1, during a round.
 SERVING = [
     ("sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request", "fixes/request_guard.py",
      "empty prompts, out-of-vocabulary ids and unbounded sampling or logprob "
@@ -113,7 +114,17 @@ BENCHMARK = [
 ]
 
 
-PATCHES = SERVING + CPU_HARNESS + BENCHMARK
+# -- diagnostic only ----------------------------------------------------------------------------------------------
+# The host-sync counter (JETFLOW_COUNT_SYNCS=1, host_syncs.py): while one decode round runs, two torch.Tensor methods
+# that read device values on the host without reaching torch's dispatcher when the tensor is on the CPU are swapped
+# for counting twins, and put back when the round ends. Off by default; no SGLang function changes.
+DIAGNOSTIC = [
+    ("torch.Tensor.tolist", "host_syncs.py", "JETFLOW_COUNT_SYNCS=1, during a round only: counted (a host read)"),
+    ("torch.Tensor.cpu", "host_syncs.py", "JETFLOW_COUNT_SYNCS=1, during a round only: counted (a host read)"),
+]
+
+
+PATCHES = SERVING + CPU_HARNESS + BENCHMARK + DIAGNOSTIC
 
 
 WRAPPED = "_jetflow"  # set on every wrapper `wrap` installs
