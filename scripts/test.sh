@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Sets everything up (scripts/setup.sh) and runs the whole test suite on the CPU: two pytest-xdist workers taking
-# whole modules (93.7 min in one process on a 2-core EPYC on 2026-12-07; the servers' imports and the tests' requests
-# leave a core idle often enough), then, in one process, the modules that measure or wait on the machine's load
-# (SERIAL: a browser driving Plotly pages, and the benchmark's CPU accounting), which a second worker's load made
-# fail. With arguments: those tests only, on JETFLOW_TEST_WORKERS workers (0: one process, the default then).
+# whole modules (86.5 min of module time on a 2-core EPYC on 2026-12-07, 44 min of wall time; a third worker saved 2
+# minutes with both cores already busy and made a batch-forming test flaky), then, in one process, the modules that
+# measure or wait on the machine's load (SERIAL: a browser driving Plotly pages, and the benchmark's CPU accounting),
+# which a second worker's load made fail. With arguments: those tests only, on JETFLOW_TEST_WORKERS workers (0: one
+# process, the default then).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 bash "$ROOT/scripts/setup.sh"
@@ -15,6 +16,6 @@ if [ "$#" -gt 0 ]; then
 fi
 SERIAL=(tests/test_viz_browser.py tests/sglang/test_bench_accounting.py)
 rc=0
-"${PYTEST[@]}" -n "${JETFLOW_TEST_WORKERS:-3}" --dist loadfile "${SERIAL[@]/#/--ignore=}" tests || rc=$?
+"${PYTEST[@]}" -n "${JETFLOW_TEST_WORKERS:-2}" --dist loadfile "${SERIAL[@]/#/--ignore=}" tests || rc=$?
 "${PYTEST[@]}" "${SERIAL[@]}" || rc=$?
 exit "$rc"
