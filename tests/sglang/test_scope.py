@@ -2,9 +2,9 @@
 plugin's entry point installed) must answer every request, and report /server_info, exactly as the same servers
 with the plugin switched off by SGLang's own switch (SGLANG_PLUGINS naming another plugin). (NGRAM cannot serve on a
 CPU without the plugin's tree backend, so its launch is compared instead: see NGRAM_STOCK.) The requests: greedy
-generation with logprobs, the OpenAI routes at their defaults, and requests that the JETFLOW request guard would
-refuse but that plain SGLang serves or answers itself (n above the guard's limit, a non-object JSON body, a body
-whose validation crashes). The opt-in JETFLOW_GUARD_ALL=1 brings the guard to any server: the same plain server with
+generation with logprobs, the OpenAI routes at their defaults, n above the JETFLOW request guard's limit (which
+plain SGLang serves), and bad bodies SGLang answers itself (a non-object JSON body, a body whose validation
+crashes). The opt-in JETFLOW_GUARD_ALL=1 brings the guard to any server: the same plain server with
 it refuses n above the limit with a 400, as a JETFLOW server does."""
 from __future__ import annotations
 
