@@ -12,6 +12,7 @@ import torch
 triton = pytest.importorskip("triton")
 
 import jetflow_sglang.kernels.triton_tree_attn as tta  # noqa: E402
+from jetflow_sglang.core.graphs import GraphRunner  # noqa: E402
 from jetflow_sglang.draft.drafters import HeadDrafter  # noqa: E402
 from jetflow_sglang.sglang.head_pool import HeadKVPool, PagedContext  # noqa: E402
 from tests.helpers import tiny_head, tiny_model  # noqa: E402
@@ -71,3 +72,41 @@ def test_a_block_larger_than_the_reservation_is_refused():
     paged = pool.context(r2t, rpi, ctx_lens, 9, 3, paged=True)  # room for 3 rows, a 16-node tree needs 16
     with pytest.raises(ValueError, match="does not fit"):
         drafter.head_batch(anchors, paged, ctx_lens, 16)
+
+
+def test_the_captured_head_replays_as_eager_while_contexts_grow():
+    """The head forward over a paged context replayed from its capture (core/graphs.py, the CPU back end, check mode:
+    every replay is also compared with the eager forward, bit for bit) over rounds whose batch size, budget, anchors
+    and context lengths change, with the accepted rows committed to the pool between rounds as the worker's commit
+    does: one capture per (budget, batch bucket), the padded context's log-probs, and a padded row (a batch of 3 in
+    the bucket of 4) writes its block to slot 0 (padding) only."""
+    model = tiny_model("qwen3", seed=3)
+    head = tiny_head(model, seed=4)
+    drafter = HeadDrafter(head, mode="tree", width=4, depth=head.config.block_size - 1)
+    pool, r2t, rpi, lens, _ = _batch(head, 13, [3, 20, 1, 9])
+    drafter.runner = runner = GraphRunner("fx", check=True)
+    g = torch.Generator().manual_seed(5)
+    for r in range(9):
+        bs, budget = (1, 3, 4)[r % 3], (8, 16)[r % 2]
+        anchors, ctx_lens = torch.randint(0, 64, (bs,), generator=g), lens[:bs].clone()
+        rows = drafter.block_rows(budget)
+        before = [k.clone() for k in pool.k]
+        paged = pool.context(r2t, rpi[:bs], ctx_lens, int(ctx_lens.max()), rows, paged=True)
+        got = drafter.head_batch(anchors, paged, ctx_lens, budget)
+        reserved = {int(r2t[rpi[i], ctx_lens[i] + j]) for i in range(bs) for j in range(rows)}
+        for old, new in zip(before, pool.k):
+            assert set((old != new).any(-1).any(-1).nonzero().view(-1).tolist()) <= reserved | {0}
+        drafter.runner = None
+        want = drafter.head_batch(anchors, pool.context(r2t, rpi[:bs], ctx_lens, int(ctx_lens.max()), rows,
+                                                        paged=False), ctx_lens, budget)
+        drafter.runner = runner
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+        n = torch.randint(1, 4, (bs,), generator=g)  # accepted rows become context at the next slots
+        for i in range(bs):
+            slots = r2t[rpi[i], int(ctx_lens[i]): int(ctx_lens[i] + n[i])]
+            pool.write(slots, torch.randn(len(slots), head.fc.in_features, generator=g),
+                       torch.arange(int(ctx_lens[i]), int(ctx_lens[i] + n[i])))
+        lens[:bs] += n
+    snap = runner.snapshot()
+    assert snap["captures"] == 4 and snap["replays"] == 9 and snap["refused"] == 0, snap  # (8|16) x buckets 1, 4
+    assert all(k.startswith("head ") for k in snap["keys"]), snap

@@ -1,8 +1,9 @@
 """Captured round pieces: one runner, three back ends.
 
-A piece is a function of tensors whose shapes are fixed by a key (its batch bucket, budget, ...): the tree build from
-the head's output, the acceptance. The runner keeps one capture per (piece, key) over static input buffers. A call
-pads its batch to the bucket (copies of row 0: a padded row changes no real row), copies the inputs in, replays,
+A piece is a function of tensors whose shapes are fixed by a key (its batch bucket, budget, ...): the head's forward
+over a paged context, the tree build from its output, the acceptance. The runner keeps one capture per (piece, key)
+over static input buffers. A call pads its batch to the bucket (copies of row 0, or a fill value: a padded row changes
+no real row), copies the inputs in, replays,
 and returns the real rows of the outputs as tensors of their own (CUDA graphs write into static buffers that the next
 replay overwrites, and a round's results can outlive it: SGLang's overlap scheduler keeps the carry).
 
@@ -43,10 +44,14 @@ def default_backend(device) -> str:
     return "cuda" if torch.device(device).type == "cuda" else "fx"
 
 
-def _pad(x: torch.Tensor, rows: int) -> torch.Tensor:
+def _pad(x: torch.Tensor, rows: int, fill=None) -> torch.Tensor:
+    """x padded to `rows` rows: copies of row 0, or rows of `fill` (a piece whose padded rows must write nowhere
+    real, e.g. the head's block slots: SGLang's padding slot 0)."""
     if x.shape[0] == rows:
         return x
-    return torch.cat([x, x[:1].expand(rows - x.shape[0], *x.shape[1:])], 0)
+    pad = x[:1].expand(rows - x.shape[0], *x.shape[1:]) if fill is None else \
+        torch.full((rows - x.shape[0], *x.shape[1:]), fill, dtype=x.dtype, device=x.device)
+    return torch.cat([x, pad], 0)
 
 
 def scan(gm: torch.fx.GraphModule) -> list[str]:
@@ -115,7 +120,9 @@ class _Capture:
 class GraphRunner:
     """run(name, key, fn, *inputs): fn(*inputs) with every input batch-leading [b, ...], replayed from its capture
     at (name, key, batch bucket). fn returns a tuple of batch-leading tensors; it must close over nothing that
-    changes between calls of one key (the key says what it closes over)."""
+    changes between calls of one key (the key says what it closes over), except buffers it writes in place and reads
+    back (the head's KV pool), which the capture keeps as the same tensors. fill: {input index: value} for inputs
+    whose padded rows take that value instead of row 0's."""
 
     def __init__(self, backend: str = "eager", check: bool = False):
         if backend not in BACKENDS:
@@ -126,13 +133,13 @@ class GraphRunner:
         self.replays = 0
         self.pool = torch.cuda.graph_pool_handle() if backend == "cuda" else None
 
-    def run(self, name: str, key: tuple, fn: Callable, *inputs: torch.Tensor) -> tuple:
+    def run(self, name: str, key: tuple, fn: Callable, *inputs: torch.Tensor, fill: dict | None = None) -> tuple:
         if self.backend == "eager":
             return tuple(fn(*inputs))
         b = inputs[0].shape[0]
         rows = batch_bucket(b)
         full = (name, key, rows)
-        padded = [_pad(x, rows) for x in inputs]
+        padded = [_pad(x, rows, (fill or {}).get(i)) for i, x in enumerate(inputs)]
         if full in self.refused:
             return tuple(fn(*inputs))
         cap = self.captures.get(full)

@@ -274,8 +274,20 @@ class HeadDrafter:
         return self.tree_batch(anchors, self.head_batch(anchors, ctx_kv, ctx_lens, budget), ctx_kv, ctx_lens, budget)
 
     def head_batch(self, anchors, ctx_kv, ctx_lens, budget: int) -> torch.Tensor:
-        """draft_batch's head forward (budget > 1): log-probs [b, depth, V_draft]; a chain's raw logits."""
-        return self.block_logprobs_batch(anchors, ctx_kv, ctx_lens, self.levels(budget), logits=self.mode == "chain")
+        """draft_batch's head forward (budget > 1): log-probs [b, depth, V_draft]; a chain's raw logits. Over a paged
+        context (the server's pool, read in place) every shape is fixed by the batch, the budget and the block table,
+        so with a runner it replays from one capture per key; padded rows write their block to slot 0 (padding)."""
+        depth, logits = self.levels(budget), self.mode == "chain"
+        if self.runner is None or not getattr(ctx_kv, "paged", False):
+            return self.block_logprobs_batch(anchors, ctx_kv, ctx_lens, depth, logits=logits)
+
+        def head(anchors, table, lens, block_slots, ctx_lens):
+            return (self.block_logprobs_batch(anchors, ctx_kv.like(table, lens, block_slots), ctx_lens, depth,
+                                              logits=logits),)
+
+        anchors = torch.as_tensor(anchors, device=self.device).view(-1)
+        key = (budget, ctx_kv.rows, ctx_kv.table.shape[1], str(ctx_kv.pool.k[0].dtype))
+        return self.runner.run("head", key, head, anchors, *ctx_kv.tensors, ctx_lens, fill={3: 0})[0]
 
     @torch.no_grad()
     def tree_batch(self, anchors, out, ctx_kv, ctx_lens, budget: int) -> TreeBatch:

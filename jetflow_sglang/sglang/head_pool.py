@@ -99,12 +99,25 @@ class PagedContext(list):
     paged = True
 
     def __init__(self, pool: HeadKVPool, req_to_token, req_pool_indices, ctx_lens, rows: int):
-        self.pool, self.rows = pool, int(rows)
-        self.table = req_to_token.index_select(0, req_pool_indices.long())  # int32 [b, W]: slot of each position
-        self.lens = ctx_lens.to(torch.int32)
-        cols = ctx_lens.long()[:, None] + torch.arange(self.rows, device=ctx_lens.device)
-        self.block_slots = self.table.gather(1, cols).long()  # [b, rows]: the slots SGLang reserved for this round
-        super().__init__(PagedLayer(self, k, v) for k, v in zip(pool.k, pool.v))
+        table = req_to_token.index_select(0, req_pool_indices.long())  # int32 [b, W]: slot of each position
+        cols = ctx_lens.long()[:, None] + torch.arange(int(rows), device=ctx_lens.device)
+        self._set(pool, table, ctx_lens.to(torch.int32), table.gather(1, cols).long())
+
+    def _set(self, pool: HeadKVPool, table, lens, block_slots) -> None:
+        self.pool, self.table, self.lens = pool, table, lens
+        self.block_slots, self.rows = block_slots, block_slots.shape[1]  # [b, rows]: the slots reserved this round
+        self[:] = [PagedLayer(self, k, v) for k, v in zip(pool.k, pool.v)]
+
+    @property
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(table, lens, block_slots): everything of the round in it, batch-leading (a captured head's inputs)."""
+        return self.table, self.lens, self.block_slots
+
+    def like(self, table, lens, block_slots) -> "PagedContext":
+        """The same pool with another round's tensors (a captured head forward's static inputs)."""
+        ctx = PagedContext.__new__(PagedContext)
+        ctx._set(self.pool, table, lens, block_slots)
+        return ctx
 
     def padded(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         width = self.table.shape[1]

@@ -155,7 +155,7 @@ class JetFlowWorker(BaseSpecWorker):
         self.paged_head = self.head is not None and (str(self.device).startswith("cuda")
                                                      or verify_backend(view) == TREE_TRITON)
         self.adaptive = self._make_budget() if self.cfg.adaptive else None
-        self.graphs = None  # JETFLOW_GRAPHS: the tree build and acceptance replayed per (batch bucket, budget)
+        self.graphs = None  # JETFLOW_GRAPHS: head (paged), tree build and acceptance replayed per (bucket, budget)
         if self.cfg.graphs != "off":
             from jetflow_sglang.core.graphs import GraphRunner, default_backend
 

@@ -3,7 +3,9 @@ a tiny random Qwen3 with a head made for it, float32 greedy, verified by the pro
 own KV pool. Token-identical to the plain server at budgets 1 (page size 1, synchronous) and 16 (page size 16, on
 the overlap scheduler), for a batch of 3 requests of different lengths and for a radix-cache hit, the head drafting through
 the same kernel over its pool (paged, as on a GPU); a sampled request beside a
-greedy one in one batch; and the launch refuses the backend on a CPU without TRITON_INTERPRET=1, in one line."""
+greedy one in one batch; and the launch refuses the backend on a CPU without TRITON_INTERPRET=1, in one line. The
+full-tree server runs with JETFLOW_GRAPHS=on: its head forward (over the paged pool), tree build and acceptance
+replay from their captures (core/graphs.py, the CPU back end), as a GPU server's would under CUDA graphs."""
 from __future__ import annotations
 
 import json
@@ -26,7 +28,7 @@ import sglang  # noqa: E402,F401
 pytestmark = pytest.mark.slow
 NEW = 20
 # (budget, page size, overlap) per JETFLOW server: a one-node tree synchronous on page size 1, full trees spanning
-# 16-token pages on SGLang's overlap scheduler (JETFLOW_OVERLAP=on). Each server runs interpreted Triton (~1 min to
+# 16-token pages on SGLang's overlap scheduler (JETFLOW_OVERLAP=on) with the round's pieces captured (JETFLOW_GRAPHS). Each server runs interpreted Triton (~1 min to
 # start and serve here): the kernel is the same for every family (a Llama and two more trees ran here before
 # 2026-12-07; the kernel's own matrix, tests/test_kernels_triton.py, covers families' shapes, GQA and ragged pages).
 SERVERS = {"Qwen3": [(1, 1, False), (16, 16, True)]}
@@ -38,7 +40,8 @@ def _jetflow(pool, target, head, budget: int, page: int, overlap: bool):
     return pool.get(target, ["--dtype", "float32", "--speculative-algorithm", "JETFLOW",
                              "--speculative-draft-model-path", str(head), "--speculative-num-draft-tokens",
                              str(budget), "--page-size", str(page), *BACKEND],
-                    env={"TRITON_INTERPRET": "1", "JETFLOW_OVERLAP": "on" if overlap else "off"},
+                    env={"TRITON_INTERPRET": "1", "JETFLOW_OVERLAP": "on" if overlap else "off",
+                         "JETFLOW_GRAPHS": "on" if budget > 1 else "off"},
                     name=f"triton-b{budget}-p{page}", shared=False)
 
 
@@ -77,6 +80,10 @@ def test_triton_backend_is_token_identical_to_the_plain_server(family):
         assert "jetflow_tree_triton: TARGET_VERIFY through the Triton tree kernel" in log, \
             "the server did not verify with the Triton backend"
         assert "head context=paged" in log  # the head reads its pool in place (head_pool.PagedContext), as on a GPU
+        if budget > 1:  # the head forward replays from its capture (one per batch bucket and budget), never refused
+            graphs = srv.jetflow_state()["graphs"]
+            assert graphs["refused"] == 0 and graphs["replays"] > graphs["captures"], graphs
+            assert any(k.startswith("head (16,") for k in graphs["keys"]), graphs
 
 
 def test_triton_backend_radix_hit_is_token_identical(family):
