@@ -113,6 +113,7 @@ def cmd_generate(a) -> int:
         from jetflow_sglang.core.graphs import GraphRunner, default_backend
 
         runner = base.runner = GraphRunner(default_backend(a.device), check=a.graphs == "check")
+        base.paged = a.device.startswith("cuda")  # the head over a paged context (Triton), replayed too
     ids = target.encode_chat(a.prompt) if not a.raw else target.tokenizer.encode(a.prompt)
     target.check_prompt(ids)
     eos = target.eos_ids()
@@ -232,8 +233,9 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--device", type=device_arg, default="cpu", help="cpu or cuda[:N] (CUDA verifies trees with the Triton tree kernel)")
     g.add_argument("--threads", type=nonneg_int, default=0, help="torch threads (0: torch's default)")
     g.add_argument("--graphs", choices=["off", "on", "check"], default="off",
-                   help="replay the tree build from one capture per shape: CUDA graphs on cuda, a replayed ATen trace "
-                        "on a CPU; check: also run it eagerly and fail on any difference")
+                   help="replay the tree build (and on cuda the head's forward, over a paged context) from one capture "
+                        "per shape: CUDA graphs on cuda, a replayed ATen trace on a CPU; check: also run each "
+                        "eagerly and fail on any difference")
     g.set_defaults(fn=cmd_generate)
     pa = sub.add_parser("paths", help="print (and prepare) the default target and head folders")
     pa.set_defaults(fn=cmd_paths)

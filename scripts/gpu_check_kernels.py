@@ -279,7 +279,7 @@ def head_context(shapes, hq, hkv, d, dtype, device, gpu, block=16):
     replayed after the contexts grew."""
     import torch.nn.functional as F
 
-    from jetflow_sglang.sglang.head_pool import PagedContext
+    from jetflow_sglang.draft.paged import PagedContext
 
     rows = []
     for b, ctx in tqdm(shapes, desc="head context"):

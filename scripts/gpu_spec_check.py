@@ -4,8 +4,9 @@
     python scripts/gpu_spec_check.py --device cpu --prompts 1 --max-new-tokens 8 --budgets 4,16 --out OUT   # DRY
 1. float32: for every prompt and budget, engine.run (the Triton tree kernel on CUDA) must give exactly the tokens of
    engine.autoregressive; any difference is reported with the first differing position (diverge.py).
-   The same runs again with the tree build replayed from captures (CUDA graphs on cuda, check mode: every replay
-   is also compared with the eager build) must give the same tokens.
+   The same runs again with the tree build, and on cuda the head's forward over a paged context, replayed from
+   captures (CUDA graphs on cuda, check mode: every replay is also compared with the eager piece) must give the
+   same tokens.
 2. bf16 (or the --dtype given): AR and each budget timed per prompt, interleaved, after one warm-up; speedup, tau and
    speedup / tau (the issue's target: >= 0.75 at B=256).
 Writes OUT/spec_check.{json,md}; exits 1 when float32 is not token-identical.
@@ -60,19 +61,21 @@ def lossless(device, texts, budgets, max_new, head) -> list[dict]:
 
 
 def captured(target, drafter, ids, max_new, budget, eos, ref, device) -> dict:
-    """The same run with the tree build replayed from its captures (core/graphs.py: CUDA graphs on cuda, the replayed
-    ATen trace on a CPU), each replay also compared with the eager build: tokens identical, and replay == eager."""
+    """The same run with the tree build (and on cuda the head forward, over a paged context) replayed from its
+    captures (core/graphs.py: CUDA graphs on cuda, the replayed ATen trace on a CPU), each replay also compared with
+    the eager piece: tokens identical, and replay == eager."""
     from jetflow_sglang.core.graphs import CaptureError, GraphRunner, default_backend
 
     base = getattr(drafter, "base", drafter)
     base.runner = runner = GraphRunner(default_backend(device), check=True)
+    base.paged = str(device).startswith("cuda")
     try:
         got = run(target, drafter, ids, max_new_tokens=max_new, budget=budget, eos_ids=eos)
         return {"identical": got.tokens == ref, **runner.snapshot(), "error": None}
     except CaptureError as e:
         return {"identical": False, **runner.snapshot(), "error": str(e)[:300]}
     finally:
-        base.runner = None
+        base.runner, base.paged = None, False
 
 
 def speed(device, dtype, texts, budgets, max_new, head) -> dict:

@@ -104,7 +104,7 @@ def test_a_drafting_horizon_gives_the_full_block_tree(name, tree, monkeypatch):
     drafter = make_drafter(name, head, None, width=3, tree=tree)
     runs = []
     real = drafter.block_logprobs_batch
-    monkeypatch.setattr(drafter, "block_logprobs_batch", lambda *a: runs.append(a[3]) or real(*a))
+    monkeypatch.setattr(drafter, "block_logprobs_batch", lambda *a, **k: runs.append(a[3]) or real(*a, **k))
     gen = torch.Generator().manual_seed(5)
     outcomes = set()
     for case in range(12):

@@ -14,7 +14,8 @@ triton = pytest.importorskip("triton")
 import jetflow_sglang.kernels.triton_tree_attn as tta  # noqa: E402
 from jetflow_sglang.core.graphs import GraphRunner  # noqa: E402
 from jetflow_sglang.draft.drafters import HeadDrafter  # noqa: E402
-from jetflow_sglang.sglang.head_pool import HeadKVPool, PagedContext  # noqa: E402
+from jetflow_sglang.draft.paged import PagedContext  # noqa: E402
+from jetflow_sglang.sglang.head_pool import HeadKVPool  # noqa: E402
 from tests.helpers import tiny_head, tiny_model  # noqa: E402
 
 if isinstance(tta._tree_attn_fwd, triton.runtime.jit.JITFunction):
@@ -110,3 +111,32 @@ def test_the_captured_head_replays_as_eager_while_contexts_grow():
     snap = runner.snapshot()
     assert snap["captures"] == 4 and snap["replays"] == 9 and snap["refused"] == 0, snap  # (8|16) x buckets 1, 4
     assert all(k.startswith("head ") for k in snap["keys"]), snap
+
+
+@pytest.mark.parametrize("causal,budget,temperature", [(True, 16, 0.0), (False, 8, 0.9)])
+def test_the_engine_drafts_over_a_paged_context_and_replays_its_head(causal, budget, temperature):
+    """`jetflow generate --graphs` on a GPU (here the Triton interpreter): the engine's drafter reads its context as a
+    paged pool over its own storage (ContextKV.paged), so the head forward replays from a capture per (budget,
+    depth, storage); greedy output is the target's own greedy decoding, the drafts (per-round tree sizes and
+    accepted paths, greedy and sampled with one seed) are those of the padded context, and the storage's growth
+    starts a new capture. (Replay against eager, bit for bit, is the check-mode test above.)"""
+    from jetflow_sglang.engine.loop import autoregressive, run
+    from jetflow_sglang.engine.target import Target
+
+    model = tiny_model("qwen3", seed=3)
+    target = Target(model)
+    head = tiny_head(model, causal=causal, seed=4)
+    prompt = [5, 9, 3, 17, 22, 40, 8, 1, 30]
+    kw = dict(max_new_tokens=44, budget=budget, temperature=temperature, seed=7)  # 53 + 16 rows: the 64-row store grows
+    drafter = HeadDrafter(head, mode="tree", width=4, depth=head.config.block_size - 1)
+    want = run(target, drafter, prompt, **kw)
+    drafter.paged, drafter.runner = True, GraphRunner("fx")
+    got = run(target, drafter, prompt, **kw)
+    assert got.tokens == want.tokens
+    assert [(len(r.tree), r.path) for r in got.rounds[1:]] == [(len(r.tree), r.path) for r in want.rounds[1:]]
+    if temperature == 0:
+        assert got.tokens == autoregressive(target, prompt, max_new_tokens=44).tokens
+    snap = drafter.runner.snapshot()
+    heads = [k for k in snap["keys"] if k.startswith("head ")]
+    assert snap["refused"] == 0 and len({k.split("pool")[1] for k in heads}) >= 2, snap  # grown: a new capture
+    assert snap["replays"] >= len(got.rounds) - 1 > len(heads), snap

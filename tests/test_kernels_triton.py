@@ -99,9 +99,15 @@ def test_matches_float64_reference(name, dtype, seed):
     check(make_case(*CASES[name], dtype, seed), dtype, seed)
 
 
-@pytest.mark.parametrize("splits", [2, 3, 8])
-@pytest.mark.parametrize("name", ["root_only_p0", "ragged_gqa_page16", "long_prefix", "empty_request",
-                                  "mha_page1_sglang"])
+# Every case at 2 and 3 splits (even and uneven chunks, chunk edges inside pages); 8 splits (chunks shorter than a page,
+# empty ones) on the cases whose prefixes make them cheap: the ragged GQA case at 8 splits took 19 s of interpreted
+# Triton and checked nothing the others do not.
+SPLIT_CASES = [(name, splits) for name in ("root_only_p0", "ragged_gqa_page16", "long_prefix", "empty_request",
+                                           "mha_page1_sglang") for splits in (2, 3, 8)
+               if (name, splits) != ("ragged_gqa_page16", 8)]
+
+
+@pytest.mark.parametrize("name,splits", SPLIT_CASES)
 def test_split_kv_matches_reference_and_the_unsplit_kernel(name, splits, seed):
     """Split-KV (flash-decoding): the prefix in `splits` chunks, empty chunks included (prefix 0, prefixes shorter
     than the splits), merged; the same output as one program per row and as the float64 reference."""

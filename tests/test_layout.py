@@ -15,7 +15,7 @@ ALLOWED = {
     "core": set(),
     "kernels": {"core"},
     "head": {"core", "paths"},
-    "draft": {"head", "core", "paths"},
+    "draft": {"head", "kernels", "core", "paths"},  # kernels: the paged head context (draft/paged.py)
     "engine": {"draft", "head", "kernels", "core", "paths", "machine"},
     "sglang": {"draft", "head", "kernels", "core", "paths", "machine"},  # the server never imports the HF engine
     "train": {"head", "core", "paths"},

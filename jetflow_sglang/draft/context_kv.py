@@ -81,6 +81,22 @@ class ContextKV:
                 sv.scatter_(2, idx, v)
         self.lens = [n + c for n, c in zip(self.lens, counts)]
 
+    def paged(self, rows: int):
+        """One request's context as a paged pool over this storage (draft/paged.py): slot t is row t, and the head's
+        block of up to `rows` rows is written past the context, in place (room is made first). Its shapes are fixed
+        by the capacity, so a captured head forward replays until the storage grows (a new pool, a new capture)."""
+        from jetflow_sglang.draft.paged import PagedContext, SlotPool
+
+        if self.batch != 1:  # slot 0 is a real row here: a batch bucket's padded rows would write it
+            raise ValueError(f"a paged context view holds one request, not {self.batch}")
+        self.reserve(self.lens[0] + rows)
+        if getattr(self, "_pool", None) is None or self._pool.k[0].data_ptr() != self.store[0][0].data_ptr():
+            self._pool = SlotPool([k[0].transpose(0, 1) for k, _ in self.store],
+                                  [v[0].transpose(0, 1) for _, v in self.store])  # [capacity, Hkv, D] views
+        table = torch.arange(self.capacity, dtype=torch.int32, device=self.device)[None]
+        return PagedContext(self._pool, table, torch.zeros(1, dtype=torch.long, device=self.device),
+                            self.lens_tensor(), rows)
+
     def keep(self, rows: Sequence[int]) -> None:
         """Keep requests `rows` (in that order), e.g. when others finished."""
         idx = torch.tensor(list(rows), dtype=torch.long, device=self.device)

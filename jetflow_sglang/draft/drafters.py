@@ -142,6 +142,9 @@ class HeadDrafter:
         # top-k), and its scores are then NaN.
         self.scores = scores
         self.runner = None  # a core.graphs.GraphRunner: the tree build replayed from its capture per shape
+        # the engine's `draft` reads its context paged (draft/paged.py, the Triton kernel), so that the head forward
+        # replays from its capture too (a GPU, or TRITON_INTERPRET=1); the server passes its own paged contexts
+        self.paged = False
 
     def gemm_weights(self) -> list[torch.Tensor]:
         """Every weight the head multiplies rows by (the fused ones included): what rowgemm.tune measures."""
@@ -273,11 +276,12 @@ class HeadDrafter:
             return root_only(anchors, 1)
         return self.tree_batch(anchors, self.head_batch(anchors, ctx_kv, ctx_lens, budget), ctx_kv, ctx_lens, budget)
 
-    def head_batch(self, anchors, ctx_kv, ctx_lens, budget: int) -> torch.Tensor:
-        """draft_batch's head forward (budget > 1): log-probs [b, depth, V_draft]; a chain's raw logits. Over a paged
-        context (the server's pool, read in place) every shape is fixed by the batch, the budget and the block table,
-        so with a runner it replays from one capture per key; padded rows write their block to slot 0 (padding)."""
-        depth, logits = self.levels(budget), self.mode == "chain"
+    def head_batch(self, anchors, ctx_kv, ctx_lens, budget: int, depth: int | None = None) -> torch.Tensor:
+        """draft_batch's head forward (budget > 1): log-probs [b, depth, V_draft] (depth: default all the budget
+        uses); a chain's raw logits. Over a paged context (draft/paged.py: the pool read in place) every shape is
+        fixed by the batch, the block and the table, so with a runner it replays from one capture per key; padded
+        rows write their block to slot 0 (padding)."""
+        depth, logits = depth or self.levels(budget), self.mode == "chain"
         if self.runner is None or not getattr(ctx_kv, "paged", False):
             return self.block_logprobs_batch(anchors, ctx_kv, ctx_lens, depth, logits=logits)
 
@@ -286,7 +290,8 @@ class HeadDrafter:
                                               logits=logits),)
 
         anchors = torch.as_tensor(anchors, device=self.device).view(-1)
-        key = (budget, ctx_kv.rows, ctx_kv.table.shape[1], str(ctx_kv.pool.k[0].dtype))
+        pool = ctx_kv.pool
+        key = (budget, depth, ctx_kv.rows, ctx_kv.table.shape[1], str(pool.k[0].dtype), f"pool{pool.serial}")
         return self.runner.run("head", key, head, anchors, *ctx_kv.tensors, ctx_lens, fill={3: 0})[0]
 
     @torch.no_grad()
@@ -339,7 +344,12 @@ class HeadDrafter:
         self._flush(state)
         return state.ctx.views()
 
-    def _one(self, state: State):
+    def _one(self, state: State, rows: int = 0):
+        """(the request's context, its length): padded views, or with rows > 0 a paged one with room for a block of
+        that many rows (self.paged: what a captured head forward reads)."""
+        if rows:
+            self._flush(state)
+            return state.ctx.paged(rows), torch.tensor([len(state.tokens)], device=self.device)
         return self.context(state), torch.tensor([len(state.tokens)], device=self.device)
 
     @torch.no_grad()
@@ -357,13 +367,14 @@ class HeadDrafter:
         check_budget(budget)
         if budget == 1:  # plain decoding: no head forward
             return DraftTree.root(anchor)
-        ctx_kv, lens = self._one(state)
+        ctx_kv, lens = self._one(state, self.block_rows(budget) if self.paged else 0)
         anchors = torch.tensor([int(anchor)], device=self.device)
         full = self.levels(budget)
         horizons = state.extra.setdefault("horizon", {})
         levels = min(full, horizons.get(budget, full)) if self.truncates else full
         while True:  # at most twice: a tree that reaches the last level run is redrafted with every level
-            lp = self.block_logprobs_batch(anchors, ctx_kv, lens, levels)
+            lp = self.head_batch(anchors, ctx_kv, lens, budget, levels) if self.mode != "chain" else \
+                self.block_logprobs_batch(anchors, ctx_kv, lens, levels)
             # Sampling: the shape comes from the greedy marginal tree and is fixed before any token is drawn.
             shape = self._trees(anchors, lp, ctx_kv, lens, budget) if temperature <= 0 or self.mode == "chain" \
                 or self.eager else build_topb(anchors, *self._topk(lp), budget)

@@ -20,10 +20,13 @@ The head reads its context in one of two ways (HeadKVPool.context):
   K/V is written to the pool rows of the slots SGLang reserved for this round past each request (the verify window:
   the commit overwrites the accepted ones), so nothing is gathered or concatenated, and every shape is fixed by the
   batch, the block and the pool: the GPU path (and a CPU server under TRITON_INTERPRET=1 on jetflow_tree_triton).
+  PagedContext lives in draft/paged.py, which the standalone engine shares.
 """
 from __future__ import annotations
 
 import torch
+
+from jetflow_sglang.draft.paged import PagedContext, SlotPool
 
 
 def slots_of(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, ctx_lens: torch.Tensor,
@@ -51,7 +54,7 @@ class SlotTokens:
         return self.ids[slots].long()
 
 
-class HeadKVPool:
+class HeadKVPool(SlotPool):
     def __init__(self, head, size: int, device, dtype=None):
         cfg = head.config
         self.head = head
@@ -60,8 +63,8 @@ class HeadKVPool:
         self.layers = cfg.num_layers
         dtype = dtype or head.fc.weight.dtype
         shape = (self.size, cfg.num_kv_heads, cfg.head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.layers)]
+        super().__init__([torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.layers)],
+                         [torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.layers)])
 
     @property
     def bytes(self) -> int:
@@ -86,64 +89,3 @@ class HeadKVPool:
             return PagedContext(self, req_to_token, req_pool_indices, ctx_lens, rows)
         return self.gather(slots_of(req_to_token, req_pool_indices, ctx_lens, max_len))
 
-    def gather(self, slots: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Padded context K/V of a batch (slots [b, L] from slots_of): per head layer (k, v) [b, Hkv, L, D]. Rows past
-        a request's length read the padding slot (callers mask them)."""
-        return [(k[slots].transpose(1, 2), v[slots].transpose(1, 2)) for k, v in zip(self.k, self.v)]
-
-
-class PagedContext(list):
-    """One PagedLayer per head layer (what the head's forward zips with its layers), sharing the round's block table
-    (req_to_token's rows of the batch: [b, row width], fixed per batch size), the context lengths and the block rows'
-    slots. `padded()` gives the padded form, for the drafters' second forwards (the branch trees: 2N rows)."""
-    paged = True
-
-    def __init__(self, pool: HeadKVPool, req_to_token, req_pool_indices, ctx_lens, rows: int):
-        table = req_to_token.index_select(0, req_pool_indices.long())  # int32 [b, W]: slot of each position
-        cols = ctx_lens.long()[:, None] + torch.arange(int(rows), device=ctx_lens.device)
-        self._set(pool, table, ctx_lens.to(torch.int32), table.gather(1, cols).long())
-
-    def _set(self, pool: HeadKVPool, table, lens, block_slots) -> None:
-        self.pool, self.table, self.lens = pool, table, lens
-        self.block_slots, self.rows = block_slots, block_slots.shape[1]  # [b, rows]: the slots reserved this round
-        self[:] = [PagedLayer(self, k, v) for k, v in zip(pool.k, pool.v)]
-
-    @property
-    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(table, lens, block_slots): everything of the round in it, batch-leading (a captured head's inputs)."""
-        return self.table, self.lens, self.block_slots
-
-    def like(self, table, lens, block_slots) -> "PagedContext":
-        """The same pool with another round's tensors (a captured head forward's static inputs)."""
-        ctx = PagedContext.__new__(PagedContext)
-        ctx._set(self.pool, table, lens, block_slots)
-        return ctx
-
-    def padded(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        width = self.table.shape[1]
-        cols = torch.arange(width, device=self.table.device)[None]
-        return self.pool.gather(torch.where(cols < self.lens[:, None], self.table.long(), 0))
-
-
-class PagedLayer:
-    def __init__(self, ctx: PagedContext, k: torch.Tensor, v: torch.Tensor):
-        self.ctx, self.k, self.v = ctx, k, v
-
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """q [b, H, S, D], the block's k/v [b, Hkv, S, D], mask [b, S, S] (the block's own) -> [b, H, S, D]: every
-        row sees its request's context (ctx_lens) and the block rows the mask allows."""
-        from jetflow_sglang.core.tree import pack_bits
-        from jetflow_sglang.kernels.triton_tree_attn import tree_attention
-
-        ctx = self.ctx
-        b, h, s, d = q.shape
-        if s > ctx.rows:
-            raise ValueError(f"a head block of {s} rows does not fit the {ctx.rows} reserved past each request")
-        slots = ctx.block_slots[:, :s]
-        self.k[slots] = k.transpose(1, 2).to(self.k.dtype)  # [b, S, Hkv, D] into the reserved rows
-        self.v[slots] = v.transpose(1, 2).to(self.v.dtype)
-        qo = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device=q.device)
-        out = tree_attention(q.transpose(1, 2).reshape(b * s, h, d).to(self.k.dtype).contiguous(),
-                             self.k.unsqueeze(1), self.v.unsqueeze(1), ctx.table, ctx.lens, qo,
-                             pack_bits(mask.reshape(b * s, s)), max_q=s)
-        return out.view(b, s, h, d).transpose(1, 2).to(q.dtype)
