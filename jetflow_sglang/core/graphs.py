@@ -3,9 +3,9 @@
 A piece is a function of tensors whose shapes are fixed by a key (its batch bucket, budget, ...): the head's forward
 over a paged context, the tree build from its output, the acceptance. The runner keeps one capture per (piece, key)
 over static input buffers. A call pads its batch to the bucket (copies of row 0, or a fill value: a padded row changes
-no real row), copies the inputs in, replays,
-and returns the real rows of the outputs as tensors of their own (CUDA graphs write into static buffers that the next
-replay overwrites, and a round's results can outlive it: SGLang's overlap scheduler keeps the carry).
+no real row), copies the inputs in, replays, and returns the real rows of the outputs as tensors of their own (CUDA
+graphs write into static buffers that the next replay overwrites, and a round's results can outlive it: SGLang's
+overlap scheduler keeps the carry).
 
   cuda   torch.cuda.CUDAGraph: warm-up on a side stream, capture, replay (a GPU)
   fx     a fake-tensor ATen trace of the piece (make_fx), replayed: the CPU back end. The trace itself refuses a

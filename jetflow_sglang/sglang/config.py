@@ -31,9 +31,10 @@ Environment (only what SGLang has no flag for; read once, never written):
     JETFLOW_COUNT_SYNCS  0 | 1     count, per decode round, the calls that could make the host wait for the device
                       (host_syncs.py), reported in /server_info; for tests and benchmarks (default 0)
     JETFLOW_GRAPHS    off | on | check   replay the round's head forward (over a paged context), tree build and
-                      acceptance from captures, one per (batch bucket, budget) (core/graphs.py): CUDA graphs on a GPU (not yet run on one), a replayed ATen
-                      trace on a CPU (the same kernels: a proof of the capture, not a speed-up); check: also run
-                      each piece eagerly and fail on any difference (tests). Default off
+                      acceptance from captures, one per (batch bucket, budget) (core/graphs.py): CUDA graphs on a
+                      GPU (not yet run on one), a replayed ATen trace on a CPU (the same kernels: a proof of the
+                      capture, not a speed-up); check: also run each piece eagerly and fail on any difference
+                      (tests). Default off
     JETFLOW_COST_PRIOR  JSON {verified tokens: seconds}, e.g. '{"1": 0.01, "8": 0.02}': the verify-cost prior of
                       JETFLOW_BUDGET=auto (only valid with it; default: the adaptive budget's own prior)
 
